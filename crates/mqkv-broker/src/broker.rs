@@ -1,0 +1,559 @@
+//! The shared broker state: sessions, the subscription index, retained messages, services.
+//!
+//! Lock order, everywhere: the session map, then the subscription index, then a session's own
+//! state. Routing a publish takes only the index (shared) and the receiving sessions' own locks,
+//! so publishers on different connections proceed in parallel.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::auth::{Authenticator, DefaultAuthenticator};
+use crate::codec::SubscriptionOptions;
+use crate::config::BrokerConfig;
+use crate::service::{ClientIdentity, OutboundMessage, ServiceEvent};
+use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Session};
+use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
+use crate::topic;
+
+struct ServiceClaim {
+    filter: String,
+    tx: mpsc::Sender<ServiceEvent>,
+}
+
+pub(crate) struct Inner {
+    pub config: BrokerConfig,
+    pub auth: Arc<dyn Authenticator>,
+    pub sessions: Mutex<HashMap<ClientId, Arc<Session>>>,
+    pub subs: RwLock<SubTree<Arc<Session>>>,
+    retained: RwLock<HashMap<String, Arc<Message>>>,
+    services: RwLock<Vec<ServiceClaim>>,
+    next_conn_id: AtomicU64,
+    pub shutdown: watch::Sender<bool>,
+    pub live_connections: AtomicUsize,
+    pub connection_closed: tokio::sync::Notify,
+}
+
+/// A running broker. Cheap to clone; every clone is the same broker.
+#[derive(Clone)]
+pub struct Broker {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// How a session attach went.
+pub(crate) struct Attached {
+    pub session: Arc<Session>,
+    pub session_present: bool,
+}
+
+impl Broker {
+    /// A broker with the default authenticator built from `config`. Must be called inside a
+    /// Tokio runtime: it starts the session-expiry and will-delay timer.
+    pub fn new(config: BrokerConfig) -> Broker {
+        let auth = DefaultAuthenticator {
+            allow_anonymous: config.allow_anonymous,
+            users: config.users.clone(),
+        };
+        Broker::with_authenticator(config, Arc::new(auth))
+    }
+
+    pub fn with_authenticator(config: BrokerConfig, auth: Arc<dyn Authenticator>) -> Broker {
+        let (shutdown, _) = watch::channel(false);
+        let broker = Broker {
+            inner: Arc::new(Inner {
+                config,
+                auth,
+                sessions: Mutex::new(HashMap::new()),
+                subs: RwLock::new(SubTree::default()),
+                retained: RwLock::new(HashMap::new()),
+                services: RwLock::new(Vec::new()),
+                next_conn_id: AtomicU64::new(1),
+                shutdown,
+                live_connections: AtomicUsize::new(0),
+                connection_closed: tokio::sync::Notify::new(),
+            }),
+        };
+        let weak = Arc::downgrade(&broker.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { break };
+                inner.sweep(Instant::now());
+            }
+        });
+        broker
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.inner.config
+    }
+
+    /// Binds a TCP listener and serves MQTT on it until shutdown. Returns the bound address.
+    pub async fn listen(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        let listener = TcpListener::bind(addr).await?;
+        let local = listener.local_addr()?;
+        let inner = self.inner.clone();
+        let mut shutdown = inner.shutdown.subscribe();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, peer)) => {
+                            let _ = stream.set_nodelay(true);
+                            let inner = inner.clone();
+                            tokio::spawn(crate::connection::run(inner, stream, peer, local));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                    },
+                    _ = shutdown.changed() => break,
+                }
+            }
+        });
+        Ok(local)
+    }
+
+    /// Claims a topic filter for an in-process service. Publishes to matching topics go to the
+    /// returned channel instead of subscribers; connect and disconnect events of every client
+    /// arrive on it too.
+    pub fn claim(&self, filter: &str, capacity: usize) -> mpsc::Receiver<ServiceEvent> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.inner.services.write().push(ServiceClaim {
+            filter: filter.to_owned(),
+            tx,
+        });
+        rx
+    }
+
+    /// Publishes a message as the broker itself, routed to subscribers like any other.
+    pub fn publish(&self, m: OutboundMessage) {
+        let msg = Arc::new(Message {
+            expires_at: m
+                .properties
+                .message_expiry_interval
+                .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: m.retain,
+            properties: m.properties,
+            publisher: None,
+        });
+        self.inner.route(msg);
+    }
+
+    /// Puts a message straight into one client's session, whether or not it subscribed.
+    /// Returns false when the client has no session.
+    pub fn deliver(&self, client_id: &str, m: OutboundMessage) -> bool {
+        let Some(session) = self.inner.sessions.lock().get(client_id).cloned() else {
+            return false;
+        };
+        let msg = Arc::new(Message {
+            expires_at: m
+                .properties
+                .message_expiry_interval
+                .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: false,
+            properties: m.properties,
+            publisher: None,
+        });
+        let d = Delivery {
+            qos: msg.qos,
+            message: msg,
+            retain: false,
+            subscription_ids: Vec::new(),
+        };
+        session.enqueue(d, self.inner.queue_limits()) == Enqueued::Yes
+    }
+
+    /// Number of connected clients.
+    pub fn connection_count(&self) -> usize {
+        self.inner.live_connections.load(Ordering::Relaxed)
+    }
+
+    /// Number of sessions (connected or kept for later).
+    pub fn session_count(&self) -> usize {
+        self.inner.sessions.lock().len()
+    }
+
+    /// Number of retained messages.
+    pub fn retained_count(&self) -> usize {
+        self.inner.retained.read().len()
+    }
+
+    /// Stops accepting, sends DISCONNECT 0x8B to every client and waits (bounded) for the
+    /// connections to close.
+    pub async fn shutdown(&self, grace: Duration) {
+        let _ = self.inner.shutdown.send(true);
+        let deadline = Instant::now() + grace;
+        while self.connection_count() > 0 && Instant::now() < deadline {
+            let wait = self.inner.connection_closed.notified();
+            let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
+        }
+    }
+}
+
+impl Inner {
+    pub fn queue_limits(&self) -> QueueLimits {
+        QueueLimits {
+            max_queued: self.config.max_queued_messages,
+            policy: self.config.queue_full,
+        }
+    }
+
+    pub fn next_connection_id(&self) -> u64 {
+        self.next_conn_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The service claiming `topic`, if any.
+    pub fn service_for(&self, topic: &str) -> Option<mpsc::Sender<ServiceEvent>> {
+        let services = self.services.read();
+        services
+            .iter()
+            .find(|s| topic::matches(&s.filter, topic))
+            .map(|s| s.tx.clone())
+    }
+
+    /// Tells every service about a connection event, in order with that client's publishes.
+    pub async fn notify_services(&self, event: impl Fn() -> ServiceEvent) {
+        let txs: Vec<_> = self.services.read().iter().map(|s| s.tx.clone()).collect();
+        for tx in txs {
+            let _ = tx.send(event()).await;
+        }
+    }
+
+    /// Routes a message to every matching subscription and updates the retained store.
+    pub fn route(&self, msg: Arc<Message>) -> usize {
+        if msg.retain {
+            let mut retained = self.retained.write();
+            if msg.payload.is_empty() {
+                retained.remove(&msg.topic);
+            } else {
+                retained.insert(msg.topic.clone(), msg.clone());
+            }
+        }
+        let mut targets: Vec<(Arc<Session>, Delivery)> = Vec::new();
+        {
+            let subs = self.subs.read();
+            let mut m: Matches<'_, Arc<Session>> = Matches::default();
+            subs.matches(&msg.topic, &mut m);
+            let publisher = msg.publisher.as_deref();
+            let mut direct: Vec<(&ClientId, &SubEntry, &Arc<Session>)> = m
+                .direct
+                .iter()
+                .filter(|(c, (e, _))| !(e.options.no_local && Some(&***c) == publisher))
+                .map(|(c, (e, s))| (*c, e, s))
+                .collect();
+            if direct.len() > 1 {
+                direct.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            let mut i = 0;
+            while i < direct.len() {
+                let (client, first, session) = direct[i];
+                let mut qos = first.options.qos;
+                let mut rap = first.options.retain_as_published;
+                let mut ids: Vec<u32> = first.identifier.into_iter().collect();
+                let mut j = i + 1;
+                while j < direct.len() && direct[j].0 == client {
+                    let e = direct[j].1;
+                    qos = qos.max(e.options.qos);
+                    rap |= e.options.retain_as_published;
+                    ids.extend(e.identifier);
+                    j += 1;
+                }
+                targets.push((
+                    session.clone(),
+                    Delivery {
+                        message: msg.clone(),
+                        qos: qos.min(msg.qos),
+                        retain: rap && msg.retain,
+                        subscription_ids: ids,
+                    },
+                ));
+                i = j;
+            }
+            for group in m.shared {
+                // Prefer a connected member; a group with none online still gets the message
+                // queued at the next member in turn.
+                let mut chosen = None;
+                for member in group.rotation() {
+                    if chosen.is_none() {
+                        chosen = Some(member);
+                    }
+                    if member.2.state.lock().link.is_some() {
+                        chosen = Some(member);
+                        break;
+                    }
+                }
+                if let Some((_, e, session)) = chosen {
+                    targets.push((
+                        session.clone(),
+                        Delivery {
+                            message: msg.clone(),
+                            qos: e.options.qos.min(msg.qos),
+                            retain: e.options.retain_as_published && msg.retain,
+                            subscription_ids: e.identifier.into_iter().collect(),
+                        },
+                    ));
+                }
+            }
+        }
+        let limits = self.queue_limits();
+        let n = targets.len();
+        for (session, d) in targets {
+            if session.enqueue(d, limits) == Enqueued::Dropped {
+                tracing::debug!(client_id = %session.client_id, "queue full: message dropped");
+            }
+        }
+        n
+    }
+
+    /// Retained messages matching a filter, skipping (and forgetting) expired ones.
+    pub fn retained_matching(&self, filter: &str) -> Vec<Arc<Message>> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let mut expired = Vec::new();
+        {
+            let retained = self.retained.read();
+            if !filter.contains(['+', '#']) {
+                if let Some(m) = retained.get(filter) {
+                    if m.expired(now) {
+                        expired.push(m.topic.clone());
+                    } else {
+                        out.push(m.clone());
+                    }
+                }
+            } else {
+                for (t, m) in retained.iter() {
+                    if topic::matches(filter, t) {
+                        if m.expired(now) {
+                            expired.push(t.clone());
+                        } else {
+                            out.push(m.clone());
+                        }
+                    }
+                }
+            }
+        }
+        if !expired.is_empty() {
+            let mut retained = self.retained.write();
+            for t in expired {
+                if retained.get(&t).is_some_and(|m| m.expired(now)) {
+                    retained.remove(&t);
+                }
+            }
+        }
+        out
+    }
+
+    /// Attaches a new connection to the session for `client_id`, creating or replacing it.
+    pub fn attach(
+        &self,
+        client_id: &ClientId,
+        clean_start: bool,
+        expiry_interval: u32,
+        link: crate::session::Link,
+    ) -> Attached {
+        let mut sessions = self.sessions.lock();
+        let existing = sessions.get(client_id).cloned();
+        if let Some(old) = &existing {
+            // Any connection still on it is taken over.
+            let mut st = old.state.lock();
+            if let Some(l) = st.link.take() {
+                l.notify.notify_one();
+            }
+        }
+        let (session, present) = match existing {
+            Some(old) if !clean_start => (old, true),
+            old => {
+                if let Some(old) = old {
+                    self.drop_subscriptions(&old);
+                }
+                let s = Arc::new(Session::new(client_id.clone()));
+                sessions.insert(client_id.clone(), s.clone());
+                (s, false)
+            }
+        };
+        {
+            let mut st = session.state.lock();
+            st.link = Some(link);
+            st.expiry_interval = expiry_interval;
+            st.disconnected_at = None;
+            // Resuming within the will delay cancels the will.
+            st.pending_will = None;
+        }
+        Attached {
+            session,
+            session_present: present,
+        }
+    }
+
+    /// Removes a session's subscriptions from the index.
+    fn drop_subscriptions(&self, session: &Arc<Session>) {
+        let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
+        let mut subs = self.subs.write();
+        for f in filters {
+            if let Some(spec) = topic::parse_filter(&f) {
+                subs.remove(spec.filter, spec.group, &session.client_id);
+            }
+        }
+    }
+
+    /// Adds a subscription. Returns whether it existed before.
+    pub fn subscribe(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+    ) -> bool {
+        let Some(spec) = topic::parse_filter(filter) else {
+            return false;
+        };
+        let mut subs = self.subs.write();
+        let e = SubEntry {
+            options,
+            identifier,
+        };
+        let existed = subs.insert(
+            spec.filter,
+            spec.group,
+            &session.client_id,
+            e,
+            session.clone(),
+        );
+        session
+            .state
+            .lock()
+            .subscriptions
+            .insert(filter.to_owned(), (options, identifier));
+        existed
+    }
+
+    pub fn unsubscribe(&self, session: &Arc<Session>, filter: &str) -> bool {
+        let Some(spec) = topic::parse_filter(filter) else {
+            return false;
+        };
+        let mut subs = self.subs.write();
+        let removed = subs.remove(spec.filter, spec.group, &session.client_id);
+        session.state.lock().subscriptions.remove(filter);
+        removed
+    }
+
+    /// Detaches a closed connection. `will` is published now, later, or never, as the will
+    /// delay and the session's fate decide.
+    pub fn detach(&self, session: &Arc<Session>, conn_id: u64, will: Option<(Arc<Message>, u32)>) {
+        let now = Instant::now();
+        let mut sessions = self.sessions.lock();
+        let mut st = session.state.lock();
+        let ours = st.link.as_ref().is_some_and(|l| l.conn_id == conn_id);
+        if !ours {
+            // Taken over: a new connection owns the session already; a will with no delay
+            // is due at once, a delayed one is cancelled by the new connection.
+            drop(st);
+            drop(sessions);
+            if let Some((m, 0)) = will {
+                self.route(m);
+            }
+            return;
+        }
+        st.link = None;
+        st.disconnected_at = Some(now);
+        if st.expiry_interval == 0 {
+            drop(st);
+            if sessions
+                .get(&session.client_id)
+                .is_some_and(|s| Arc::ptr_eq(s, session))
+            {
+                sessions.remove(&session.client_id);
+            }
+            self.drop_subscriptions(session);
+            drop(sessions);
+            if let Some((m, _)) = will {
+                self.route(m);
+            }
+            return;
+        }
+        match will {
+            Some((m, 0)) => {
+                drop(st);
+                drop(sessions);
+                self.route(m);
+            }
+            Some((m, delay)) => {
+                let delay = delay.min(st.expiry_interval);
+                st.pending_will = Some(PendingWill {
+                    message: m,
+                    due: now + Duration::from_secs(u64::from(delay)),
+                });
+            }
+            None => {}
+        }
+    }
+
+    /// Publishes wills whose delay has passed and ends sessions whose expiry has passed.
+    fn sweep(&self, now: Instant) {
+        let mut wills = Vec::new();
+        let mut ended = Vec::new();
+        {
+            let mut sessions = self.sessions.lock();
+            sessions.retain(|_, s| {
+                let mut st = s.state.lock();
+                if st.link.is_some() {
+                    return true;
+                }
+                if st.pending_will.as_ref().is_some_and(|w| w.due <= now) {
+                    if let Some(w) = st.pending_will.take() {
+                        wills.push(w.message);
+                    }
+                }
+                let expired = match (st.disconnected_at, st.expiry_interval) {
+                    (_, u32::MAX) | (None, _) => false,
+                    (Some(at), secs) => now >= at + Duration::from_secs(u64::from(secs)),
+                };
+                if expired {
+                    if let Some(w) = st.pending_will.take() {
+                        wills.push(w.message);
+                    }
+                    drop(st);
+                    ended.push(s.clone());
+                    return false;
+                }
+                true
+            });
+            for s in &ended {
+                self.drop_subscriptions(s);
+            }
+        }
+        for w in wills {
+            self.route(w);
+        }
+    }
+}
+
+/// The identity a service sees for a connection.
+pub(crate) fn identity(
+    client_id: &ClientId,
+    principal: &Option<Arc<str>>,
+    peer: SocketAddr,
+    conn_id: u64,
+) -> ClientIdentity {
+    ClientIdentity {
+        client_id: client_id.clone(),
+        principal: principal.clone(),
+        peer,
+        connection_id: conn_id,
+    }
+}

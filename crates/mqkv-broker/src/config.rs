@@ -1,0 +1,60 @@
+//! Broker settings: limits, queues, authentication defaults.
+
+use serde::{Deserialize, Serialize};
+
+/// What a session does when its queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum QueueFullPolicy {
+    /// Keep what is queued and drop the message that does not fit.
+    #[default]
+    DropNew,
+    /// Drop the oldest queued message to make room.
+    DropOldest,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Largest packet accepted from clients, in bytes (advertised as Maximum Packet Size).
+    pub max_packet_size: u32,
+    /// How many unacknowledged QoS 2 publishes a client may have open towards the broker.
+    pub receive_maximum: u16,
+    /// Topic aliases a client may use towards the broker.
+    pub topic_alias_maximum: u16,
+    /// Largest keep alive the broker accepts, in seconds; larger or zero requests get this value
+    /// as Server Keep Alive. `0` accepts whatever the client asks.
+    pub max_keep_alive: u16,
+    /// Largest session expiry interval granted, in seconds.
+    pub max_session_expiry: u32,
+    /// Messages queued per session (online or offline) before `queue_full` applies.
+    pub max_queued_messages: usize,
+    pub queue_full: QueueFullPolicy,
+    /// Anonymous clients: `None` allows them on loopback listeners only.
+    pub allow_anonymous: Option<bool>,
+    /// Static user name / password pairs accepted by the default authenticator.
+    pub users: Vec<UserConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub username: String,
+    pub password: String,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            max_packet_size: 16 * 1024 * 1024,
+            receive_maximum: 1024,
+            topic_alias_maximum: 64,
+            max_keep_alive: 0,
+            max_session_expiry: u32::MAX,
+            max_queued_messages: 10_000,
+            queue_full: QueueFullPolicy::DropNew,
+            allow_anonymous: None,
+            users: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,669 @@
+//! One client connection: CONNECT handshake, then a reader loop and a writer task.
+//!
+//! The reader decodes and handles packets; everything the connection sends (acks, SUBACK,
+//! publishes) goes through the session, and the writer task drains it in batches into one
+//! socket write. A protocol violation queues a DISCONNECT with the reason code the
+//! specification names and closes the connection; nothing a client sends can take down another
+//! connection or the broker.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::TcpStream;
+
+use crate::auth::AuthRequest;
+use crate::broker::{identity, Inner};
+use crate::codec::{self, reason, Ack, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
+use crate::service::{ServiceEvent, ServicePublish};
+use crate::session::{Delivery, Link, Message, Session};
+use crate::subtree::ClientId;
+use crate::topic;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const WRITE_BATCH: usize = 256 * 1024;
+
+/// Counts the connection as live for as long as it exists.
+struct LiveGuard(Arc<Inner>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.live_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.connection_closed.notify_waiters();
+    }
+}
+
+pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
+    inner.live_connections.fetch_add(1, Ordering::Relaxed);
+    let _live = LiveGuard(inner.clone());
+    let (mut rd, mut wr) = stream.into_split();
+    let max_in = inner.config.max_packet_size as usize;
+    let mut buf = BytesMut::with_capacity(8 * 1024);
+
+    let connect = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        read_connect(&mut rd, &mut buf, max_in),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(ConnectFailure::Decode(DecodeError::UnsupportedProtocol(level)))) => {
+            tracing::debug!(%peer, level, "unsupported protocol version");
+            let ack = Packet::ConnAck(ConnAck {
+                reason_code: reason::UNSUPPORTED_PROTOCOL_VERSION,
+                ..Default::default()
+            });
+            let mut out = BytesMut::new();
+            ack.encode(
+                &mut out,
+                if level == codec::V5 {
+                    codec::V5
+                } else {
+                    codec::V311
+                },
+            );
+            let _ = wr.write_all(&out).await;
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = ?e, "connection closed before CONNECT completed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no CONNECT in time");
+            return;
+        }
+    };
+    let level = connect.protocol_level;
+    let v5 = level == codec::V5;
+
+    let refuse = |code: u8| async move {
+        let mut out = BytesMut::new();
+        Packet::ConnAck(ConnAck {
+            reason_code: code,
+            ..Default::default()
+        })
+        .encode(&mut out, level);
+        out
+    };
+
+    // Client identifier.
+    let mut assigned = None;
+    let client_id: ClientId = if connect.client_id.is_empty() {
+        if !v5 && !connect.clean_start {
+            let out = refuse(reason::CLIENT_IDENTIFIER_NOT_VALID).await;
+            let _ = wr.write_all(&out).await;
+            return;
+        }
+        let id = format!("mqkv-{:016x}", rand::random::<u64>());
+        assigned = Some(id.clone());
+        id.into()
+    } else {
+        connect.client_id.as_str().into()
+    };
+
+    // Will.
+    let will = match &connect.will {
+        None => None,
+        Some(w) => {
+            if !topic::valid_topic_name(&w.topic) {
+                let out = refuse(reason::TOPIC_NAME_INVALID).await;
+                let _ = wr.write_all(&out).await;
+                return;
+            }
+            if w.properties.payload_format_indicator == Some(1)
+                && std::str::from_utf8(&w.payload).is_err()
+            {
+                let out = refuse(reason::PAYLOAD_FORMAT_INVALID).await;
+                let _ = wr.write_all(&out).await;
+                return;
+            }
+            let mut props = w.properties.clone();
+            let delay = props.will_delay_interval.take().unwrap_or(0);
+            Some((
+                Arc::new(Message {
+                    topic: w.topic.clone(),
+                    payload: w.payload.clone(),
+                    qos: w.qos,
+                    retain: w.retain,
+                    expires_at: props
+                        .message_expiry_interval
+                        .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                    properties: props,
+                    publisher: Some(client_id.clone()),
+                }),
+                delay,
+            ))
+        }
+    };
+
+    // Authentication.
+    let principal = match inner.auth.authenticate(&AuthRequest {
+        client_id: &client_id,
+        username: connect.username.as_deref(),
+        password: connect.password.as_ref(),
+        authentication_method: connect.properties.authentication_method.as_deref(),
+        peer,
+        local,
+    }) {
+        Ok(p) => p,
+        Err(code) => {
+            tracing::info!(%peer, client_id = %client_id, code, "connection refused");
+            let out = refuse(code).await;
+            let _ = wr.write_all(&out).await;
+            return;
+        }
+    };
+
+    // Negotiated parameters.
+    let cfg = &inner.config;
+    let requested_expiry = if v5 {
+        connect.properties.session_expiry_interval.unwrap_or(0)
+    } else if connect.clean_start {
+        0
+    } else {
+        u32::MAX
+    };
+    let expiry = requested_expiry.min(cfg.max_session_expiry);
+    let mut keep_alive = connect.keep_alive;
+    let mut server_keep_alive = None;
+    if cfg.max_keep_alive > 0 && (keep_alive == 0 || keep_alive > cfg.max_keep_alive) {
+        keep_alive = cfg.max_keep_alive;
+        server_keep_alive = Some(keep_alive);
+    }
+    let client_receive_max = connect.properties.receive_maximum.unwrap_or(u16::MAX);
+    let client_max_packet = connect
+        .properties
+        .maximum_packet_size
+        .map_or(usize::MAX, |v| v as usize);
+    let client_alias_max = connect.properties.topic_alias_maximum.unwrap_or(0);
+
+    let conn_id = inner.next_connection_id();
+    let link = Link::new(
+        conn_id,
+        level,
+        client_receive_max,
+        client_max_packet,
+        client_alias_max,
+    );
+    let notify = link.notify.clone();
+    let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
+    let session = attached.session;
+
+    let mut props = Properties::default();
+    if v5 {
+        props.assigned_client_identifier = assigned;
+        props.server_keep_alive = server_keep_alive;
+        props.receive_maximum = Some(cfg.receive_maximum);
+        props.maximum_packet_size = Some(cfg.max_packet_size);
+        props.topic_alias_maximum = Some(cfg.topic_alias_maximum);
+        if expiry != requested_expiry {
+            props.session_expiry_interval = Some(expiry);
+        }
+        if connect.properties.request_response_information == Some(1) {
+            props.response_information = Some(format!("clients/{client_id}"));
+        }
+    }
+    session.send_control(
+        conn_id,
+        Packet::ConnAck(ConnAck {
+            session_present: attached.session_present,
+            reason_code: reason::SUCCESS,
+            properties: props,
+        }),
+    );
+    tracing::debug!(%peer, client_id = %client_id, level, "client connected");
+
+    let ident = identity(&client_id, &principal, peer, conn_id);
+    inner
+        .notify_services(|| ServiceEvent::Connected(ident.clone()))
+        .await;
+
+    let writer = tokio::spawn(write_loop(session.clone(), conn_id, notify, wr, level));
+    let mut conn = Conn {
+        inner: inner.clone(),
+        session: session.clone(),
+        conn_id,
+        level,
+        client_id: client_id.clone(),
+        ident: ident.clone(),
+        aliases: Vec::new(),
+        session_expiry: expiry,
+        will,
+    };
+    let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
+    tracing::debug!(client_id = %client_id, ?end, "connection closed");
+
+    let will = match end {
+        End::Normal => None,
+        _ => conn.will.take(),
+    };
+    inner.detach(&session, conn_id, will);
+    inner
+        .notify_services(|| ServiceEvent::Disconnected(ident.clone()))
+        .await;
+}
+
+#[derive(Debug)]
+enum ConnectFailure {
+    Io,
+    Decode(DecodeError),
+    NotConnect,
+}
+
+async fn read_connect(
+    rd: &mut tokio::net::tcp::OwnedReadHalf,
+    buf: &mut BytesMut,
+    max: usize,
+) -> Result<Connect, ConnectFailure> {
+    loop {
+        match codec::decode(buf, None, max) {
+            Ok(Some(Packet::Connect(c))) => return Ok(*c),
+            Ok(Some(_)) => return Err(ConnectFailure::NotConnect),
+            Ok(None) => {}
+            Err(e) => return Err(ConnectFailure::Decode(e)),
+        }
+        match rd.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(ConnectFailure::Io),
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn write_loop(
+    session: Arc<Session>,
+    conn_id: u64,
+    notify: Arc<tokio::sync::Notify>,
+    mut wr: OwnedWriteHalf,
+    level: u8,
+) {
+    let mut out = BytesMut::with_capacity(64 * 1024);
+    loop {
+        notify.notified().await;
+        loop {
+            out.clear();
+            match session.drain(conn_id, &mut out, WRITE_BATCH) {
+                None => {
+                    // The session moved to another connection.
+                    if level == codec::V5 {
+                        Packet::Disconnect(codec::Disconnect {
+                            reason_code: reason::SESSION_TAKEN_OVER,
+                            ..Default::default()
+                        })
+                        .encode(&mut out, level);
+                        let _ = wr.write_all(&out).await;
+                    }
+                    let _ = wr.shutdown().await;
+                    return;
+                }
+                Some(close) => {
+                    if !out.is_empty() && wr.write_all(&out).await.is_err() {
+                        return;
+                    }
+                    if close {
+                        let _ = wr.shutdown().await;
+                        return;
+                    }
+                }
+            }
+            if !session.has_ready(conn_id) {
+                break;
+            }
+        }
+    }
+}
+
+/// Why a connection ended; decides whether the will is published.
+#[derive(Debug)]
+enum End {
+    /// DISCONNECT with reason 0x00: no will.
+    Normal,
+    /// DISCONNECT with reason 0x04, a protocol violation, a keep alive timeout, or network loss.
+    Abnormal,
+    /// Server shutdown.
+    Shutdown,
+}
+
+struct Conn {
+    inner: Arc<Inner>,
+    session: Arc<Session>,
+    conn_id: u64,
+    level: u8,
+    client_id: ClientId,
+    ident: crate::service::ClientIdentity,
+    /// Inbound topic aliases, indexed by alias - 1.
+    aliases: Vec<Option<String>>,
+    session_expiry: u32,
+    will: Option<(Arc<Message>, u32)>,
+}
+
+/// A violation detected while handling a packet: DISCONNECT with this reason code.
+struct Violation(u8);
+
+impl Conn {
+    fn v5(&self) -> bool {
+        self.level == codec::V5
+    }
+
+    fn send(&self, p: Packet) {
+        self.session.send_control(self.conn_id, p);
+    }
+
+    /// Queues DISCONNECT (MQTT 5) and makes the writer close after flushing.
+    fn close_with(&self, code: u8) {
+        if self.v5() {
+            self.send(Packet::Disconnect(codec::Disconnect {
+                reason_code: code,
+                ..Default::default()
+            }));
+        }
+        self.close_quietly();
+    }
+
+    async fn read_loop(
+        &mut self,
+        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        mut buf: BytesMut,
+        keep_alive: u16,
+        mut writer: tokio::task::JoinHandle<()>,
+    ) -> End {
+        let max_in = self.inner.config.max_packet_size as usize;
+        let mut shutdown = self.inner.shutdown.subscribe();
+        let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        let mut last = Instant::now();
+        // Packets may already be buffered behind CONNECT, so process before the first read.
+        let end = loop {
+            match self.process(&mut buf, max_in).await {
+                Ok(None) => {}
+                Ok(Some(end)) => break end,
+                Err(Violation(code)) => {
+                    tracing::debug!(client_id = %self.client_id, code, "protocol violation");
+                    self.close_with(code);
+                    break End::Abnormal;
+                }
+            }
+            let deadline = ka.map(|d| last + d);
+            tokio::select! {
+                r = rd.read_buf(&mut buf) => match r {
+                    Ok(0) | Err(_) => break End::Abnormal,
+                    Ok(_) => last = Instant::now(),
+                },
+                _ = sleep_until_opt(deadline) => {
+                    self.close_with(reason::KEEP_ALIVE_TIMEOUT);
+                    break End::Abnormal;
+                }
+                _ = shutdown.changed() => {
+                    self.close_with(reason::SERVER_SHUTTING_DOWN);
+                    break End::Shutdown;
+                }
+                _ = &mut writer => {
+                    // Write failure or takeover.
+                    return End::Abnormal;
+                }
+            }
+        };
+        // Let the writer flush a final DISCONNECT, but do not wait on a stuck peer forever.
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer).await;
+        writer.abort();
+        end
+    }
+
+    /// Decodes and handles every whole packet in `buf`.
+    async fn process(
+        &mut self,
+        buf: &mut BytesMut,
+        max_in: usize,
+    ) -> Result<Option<End>, Violation> {
+        loop {
+            let packet = match codec::decode(buf, Some(self.level), max_in) {
+                Ok(Some(p)) => p,
+                Ok(None) => return Ok(None),
+                Err(e) => return Err(Violation(e.reason_code())),
+            };
+            match packet {
+                Packet::Publish(p) => self.publish(p).await?,
+                Packet::PubAck(a) | Packet::PubComp(a) => {
+                    self.session.complete(self.conn_id, a.packet_id);
+                }
+                Packet::PubRec(a) => {
+                    if !self
+                        .session
+                        .received(self.conn_id, a.packet_id, a.reason_code)
+                    {
+                        self.send(Packet::PubRel(Ack {
+                            packet_id: a.packet_id,
+                            reason_code: reason::PACKET_IDENTIFIER_NOT_FOUND,
+                            ..Default::default()
+                        }));
+                    }
+                }
+                Packet::PubRel(a) => {
+                    let known = self.session.state.lock().incoming_qos2.remove(&a.packet_id);
+                    self.send(Packet::PubComp(Ack {
+                        packet_id: a.packet_id,
+                        reason_code: if known {
+                            reason::SUCCESS
+                        } else {
+                            reason::PACKET_IDENTIFIER_NOT_FOUND
+                        },
+                        ..Default::default()
+                    }));
+                }
+                Packet::Subscribe(s) => self.subscribe(s)?,
+                Packet::Unsubscribe(u) => {
+                    let codes = u
+                        .filters
+                        .iter()
+                        .map(|f| {
+                            if self.inner.unsubscribe(&self.session, f) {
+                                reason::SUCCESS
+                            } else {
+                                reason::NO_SUBSCRIPTION_EXISTED
+                            }
+                        })
+                        .collect();
+                    self.send(Packet::UnsubAck(codec::UnsubAck {
+                        packet_id: u.packet_id,
+                        properties: Properties::default(),
+                        reason_codes: codes,
+                    }));
+                }
+                Packet::PingReq => self.send(Packet::PingResp),
+                Packet::Disconnect(d) => {
+                    if let Some(new_expiry) = d.properties.session_expiry_interval {
+                        if self.session_expiry == 0 && new_expiry != 0 {
+                            return Err(Violation(reason::PROTOCOL_ERROR));
+                        }
+                        let granted = new_expiry.min(self.inner.config.max_session_expiry);
+                        self.session_expiry = granted;
+                        self.session.state.lock().expiry_interval = granted;
+                    }
+                    self.close_quietly();
+                    return Ok(Some(if d.reason_code == reason::DISCONNECT_WITH_WILL {
+                        End::Abnormal
+                    } else {
+                        End::Normal
+                    }));
+                }
+                Packet::Auth(_) => return Err(Violation(reason::PROTOCOL_ERROR)),
+                Packet::Connect(_)
+                | Packet::ConnAck(_)
+                | Packet::SubAck(_)
+                | Packet::UnsubAck(_)
+                | Packet::PingResp => return Err(Violation(reason::PROTOCOL_ERROR)),
+            }
+        }
+    }
+
+    /// Ends the connection after flushing, without a DISCONNECT (the client sent one).
+    fn close_quietly(&self) {
+        let mut st = self.session.state.lock();
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == self.conn_id) {
+            link.closing = true;
+            link.notify.notify_one();
+        }
+    }
+
+    async fn publish(&mut self, mut p: codec::Publish) -> Result<(), Violation> {
+        let v5 = self.v5();
+        // Topic alias.
+        if let Some(alias) = p.properties.topic_alias.take() {
+            let max = self.inner.config.topic_alias_maximum;
+            if alias == 0 || alias > max {
+                return Err(Violation(reason::TOPIC_ALIAS_INVALID));
+            }
+            let idx = usize::from(alias - 1);
+            if self.aliases.len() <= idx {
+                self.aliases.resize(idx + 1, None);
+            }
+            if p.topic.is_empty() {
+                match &self.aliases[idx] {
+                    Some(t) => p.topic = t.clone(),
+                    None => return Err(Violation(reason::PROTOCOL_ERROR)),
+                }
+            } else {
+                self.aliases[idx] = Some(p.topic.clone());
+            }
+        } else if p.topic.is_empty() {
+            return Err(Violation(if v5 {
+                reason::PROTOCOL_ERROR
+            } else {
+                reason::MALFORMED_PACKET
+            }));
+        }
+        if !topic::valid_topic_name(&p.topic) {
+            return Err(Violation(reason::TOPIC_NAME_INVALID));
+        }
+        if p.properties
+            .response_topic
+            .as_deref()
+            .is_some_and(|t| !topic::valid_topic_name(t))
+        {
+            return Err(Violation(reason::PROTOCOL_ERROR));
+        }
+        if !p.properties.subscription_identifiers.is_empty() {
+            return Err(Violation(reason::PROTOCOL_ERROR));
+        }
+        let bad_payload = p.properties.payload_format_indicator == Some(1)
+            && std::str::from_utf8(&p.payload).is_err();
+        if bad_payload && p.qos == QoS::AtMostOnce {
+            return Err(Violation(reason::PAYLOAD_FORMAT_INVALID));
+        }
+        if p.qos == QoS::ExactlyOnce {
+            let mut st = self.session.state.lock();
+            if st.incoming_qos2.contains(&p.packet_id) {
+                // A redelivery of a message already accepted: acknowledge it again only.
+                drop(st);
+                self.send(Packet::PubRec(Ack {
+                    packet_id: p.packet_id,
+                    ..Default::default()
+                }));
+                return Ok(());
+            }
+            if st.incoming_qos2.len() >= usize::from(self.inner.config.receive_maximum) {
+                return Err(Violation(reason::RECEIVE_MAXIMUM_EXCEEDED));
+            }
+            if !bad_payload {
+                st.incoming_qos2.insert(p.packet_id);
+            }
+        }
+        let mut code = reason::SUCCESS;
+        if bad_payload {
+            code = reason::PAYLOAD_FORMAT_INVALID;
+        } else if let Some(tx) = self.inner.service_for(&p.topic) {
+            let sp = ServicePublish {
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                properties: p.properties,
+                from: self.ident.clone(),
+            };
+            if tx.send(ServiceEvent::Publish(sp)).await.is_err() {
+                code = reason::SERVER_UNAVAILABLE;
+            }
+        } else {
+            let msg = Arc::new(Message {
+                expires_at: p
+                    .properties
+                    .message_expiry_interval
+                    .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                topic: p.topic,
+                payload: p.payload,
+                qos: p.qos,
+                retain: p.retain,
+                properties: p.properties,
+                publisher: Some(self.client_id.clone()),
+            });
+            if self.inner.route(msg) == 0 && v5 {
+                code = reason::NO_MATCHING_SUBSCRIBERS;
+            }
+        }
+        let ack = Ack {
+            packet_id: p.packet_id,
+            reason_code: code,
+            ..Default::default()
+        };
+        match p.qos {
+            QoS::AtMostOnce => {}
+            QoS::AtLeastOnce => self.send(Packet::PubAck(ack)),
+            QoS::ExactlyOnce => self.send(Packet::PubRec(ack)),
+        }
+        Ok(())
+    }
+
+    fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), Violation> {
+        let identifier = s.properties.subscription_identifiers.first().copied();
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut retained = Vec::new();
+        for (filter, opts) in &s.filters {
+            let Some(spec) = topic::parse_filter(filter) else {
+                codes.push(reason::TOPIC_FILTER_INVALID);
+                continue;
+            };
+            if spec.group.is_some() && opts.no_local {
+                return Err(Violation(reason::PROTOCOL_ERROR));
+            }
+            let existed = self
+                .inner
+                .subscribe(&self.session, filter, *opts, identifier);
+            codes.push(opts.qos as u8);
+            let send_retained = spec.group.is_none()
+                && match opts.retain_handling {
+                    0 => true,
+                    1 => !existed,
+                    _ => false,
+                };
+            if send_retained {
+                for m in self.inner.retained_matching(spec.filter) {
+                    retained.push(Delivery {
+                        qos: m.qos.min(opts.qos),
+                        message: m,
+                        retain: true,
+                        subscription_ids: identifier.into_iter().collect(),
+                    });
+                }
+            }
+        }
+        self.send(Packet::SubAck(codec::SubAck {
+            packet_id: s.packet_id,
+            properties: Properties::default(),
+            reason_codes: codes,
+        }));
+        let limits = self.inner.queue_limits();
+        for d in retained {
+            self.session.enqueue(d, limits);
+        }
+        Ok(())
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d.into()).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,361 @@
+//! Sessions: what the broker keeps for one client id across connections.
+//!
+//! A session owns its subscriptions (mirrored in the subscription index), the queue of messages
+//! waiting to be sent, the outgoing QoS 1/2 messages in flight, and the packet ids of incoming
+//! QoS 2 messages awaiting PUBREL. Publishers only ever push to a session's queue under its own
+//! short lock, so a slow or stalled subscriber never holds up a publisher or another subscriber:
+//! its queue fills to the configured bound and then the configured policy applies.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::codec::{self, Packet, Properties, Publish, QoS, SubscriptionOptions};
+use crate::config::QueueFullPolicy;
+
+/// A published message as routed: shared by every session that receives it.
+#[derive(Debug)]
+pub struct Message {
+    pub topic: String,
+    pub payload: Bytes,
+    pub qos: QoS,
+    pub retain: bool,
+    /// Properties forwarded unchanged (no topic alias, no subscription identifiers).
+    pub properties: Properties,
+    pub expires_at: Option<Instant>,
+    /// Client id of the publisher, for No Local.
+    pub publisher: Option<Arc<str>>,
+}
+
+impl Message {
+    pub fn expired(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
+
+    /// Seconds of message expiry left, rounded up, if the message has an expiry.
+    pub fn remaining_expiry(&self, now: Instant) -> Option<u32> {
+        self.expires_at.map(|t| {
+            let left = t.saturating_duration_since(now);
+            let secs = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
+        })
+    }
+}
+
+/// One message on its way to one session.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub message: Arc<Message>,
+    pub qos: QoS,
+    pub retain: bool,
+    pub subscription_ids: Vec<u32>,
+}
+
+#[derive(Debug)]
+enum Inflight {
+    /// QoS 1 waiting for PUBACK, or QoS 2 waiting for PUBREC.
+    Publish(Delivery),
+    /// QoS 2 after PUBREC, waiting for PUBCOMP.
+    Released,
+}
+
+/// The per-connection view a session needs to encode for its current connection.
+#[derive(Debug)]
+pub struct Link {
+    pub conn_id: u64,
+    pub notify: Arc<Notify>,
+    pub protocol_level: u8,
+    pub receive_maximum: u16,
+    pub max_packet_size: usize,
+    pub topic_alias_maximum: u16,
+    aliases: HashMap<String, u16>,
+    control: VecDeque<Packet>,
+    /// Set when the connection must end after what is queued has been written.
+    pub closing: bool,
+    /// Inflight messages must be resent (the session was resumed on this link).
+    resend: bool,
+}
+
+impl Link {
+    pub fn new(
+        conn_id: u64,
+        protocol_level: u8,
+        receive_maximum: u16,
+        max_packet_size: usize,
+        topic_alias_maximum: u16,
+    ) -> Link {
+        Link {
+            conn_id,
+            notify: Arc::new(Notify::new()),
+            protocol_level,
+            receive_maximum,
+            max_packet_size,
+            topic_alias_maximum,
+            aliases: HashMap::new(),
+            control: VecDeque::new(),
+            closing: false,
+            resend: true,
+        }
+    }
+}
+
+/// A will waiting for its delay to pass.
+#[derive(Debug)]
+pub struct PendingWill {
+    pub message: Arc<Message>,
+    pub due: Instant,
+}
+
+#[derive(Debug, Default)]
+pub struct SessionState {
+    /// Subscriptions by the filter string as the client sent it (including `$share/...`).
+    pub subscriptions: HashMap<String, (SubscriptionOptions, Option<u32>)>,
+    queue: VecDeque<Delivery>,
+    inflight: VecDeque<(u16, Inflight)>,
+    pub incoming_qos2: HashSet<u16>,
+    next_packet_id: u16,
+    pub link: Option<Link>,
+    /// Session expiry interval in seconds; `u32::MAX` never expires.
+    pub expiry_interval: u32,
+    pub disconnected_at: Option<Instant>,
+    pub pending_will: Option<PendingWill>,
+    pub dropped_messages: u64,
+}
+
+/// Limits a session applies to its queue.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueLimits {
+    pub max_queued: usize,
+    pub policy: QueueFullPolicy,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub client_id: Arc<str>,
+    pub state: Mutex<SessionState>,
+}
+
+/// Result of asking a session to take a message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Enqueued {
+    Yes,
+    Dropped,
+}
+
+impl Session {
+    pub fn new(client_id: Arc<str>) -> Session {
+        Session {
+            client_id,
+            state: Mutex::new(SessionState {
+                next_packet_id: 1,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Queues a message and wakes the connection, if any.
+    pub fn enqueue(&self, d: Delivery, limits: QueueLimits) -> Enqueued {
+        let mut st = self.state.lock();
+        let offline = st.link.is_none();
+        if offline && d.qos == QoS::AtMostOnce {
+            // QoS 0 messages are not kept for disconnected sessions.
+            return Enqueued::Dropped;
+        }
+        let mut result = Enqueued::Yes;
+        if st.queue.len() >= limits.max_queued {
+            st.dropped_messages += 1;
+            match limits.policy {
+                QueueFullPolicy::DropNew => return Enqueued::Dropped,
+                QueueFullPolicy::DropOldest => {
+                    st.queue.pop_front();
+                    result = Enqueued::Dropped;
+                }
+            }
+        }
+        st.queue.push_back(d);
+        if let Some(link) = &st.link {
+            link.notify.notify_one();
+        }
+        result
+    }
+
+    /// Queues a control packet (acks, SUBACK, DISCONNECT, ...) for the given connection.
+    pub fn send_control(&self, conn_id: u64, p: Packet) {
+        let mut st = self.state.lock();
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
+            link.control.push_back(p);
+            link.notify.notify_one();
+        }
+    }
+
+    /// Handles PUBACK (QoS 1) or PUBCOMP (QoS 2 completed). Returns false for unknown ids.
+    pub fn complete(&self, conn_id: u64, packet_id: u16) -> bool {
+        let mut st = self.state.lock();
+        let Some(pos) = st.inflight.iter().position(|(id, _)| *id == packet_id) else {
+            return false;
+        };
+        st.inflight.remove(pos);
+        if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
+            link.notify.notify_one();
+        }
+        true
+    }
+
+    /// Handles PUBREC: the message is now released; answer PUBREL.
+    pub fn received(&self, conn_id: u64, packet_id: u16, reason: u8) -> bool {
+        let mut st = self.state.lock();
+        let Some(pos) = st.inflight.iter().position(|(id, _)| *id == packet_id) else {
+            return false;
+        };
+        if reason >= 0x80 {
+            // The receiver refused the message: it is done.
+            st.inflight.remove(pos);
+        } else {
+            st.inflight[pos].1 = Inflight::Released;
+            if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
+                link.control.push_back(Packet::PubRel(codec::Ack {
+                    packet_id,
+                    ..Default::default()
+                }));
+            }
+        }
+        if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
+            link.notify.notify_one();
+        }
+        true
+    }
+
+    /// Encodes what is ready to go for connection `conn_id` into `out`. Returns `None` when the
+    /// connection is no longer this session's, else whether it must close after writing.
+    pub fn drain(&self, conn_id: u64, out: &mut BytesMut, budget: usize) -> Option<bool> {
+        let now = Instant::now();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let link = st.link.as_mut().filter(|l| l.conn_id == conn_id)?;
+        let level = link.protocol_level;
+        while let Some(p) = link.control.pop_front() {
+            p.encode(out, level);
+        }
+        if link.closing {
+            return Some(true);
+        }
+        if link.resend {
+            link.resend = false;
+            for (id, inf) in &st.inflight {
+                match inf {
+                    Inflight::Publish(d) => {
+                        if let Some(p) = build_publish(d, *id, true, now, link) {
+                            Packet::Publish(p).encode(out, level);
+                        }
+                    }
+                    Inflight::Released => Packet::PubRel(codec::Ack {
+                        packet_id: *id,
+                        ..Default::default()
+                    })
+                    .encode(out, level),
+                }
+            }
+        }
+        while out.len() < budget {
+            let head_qos = match st.queue.front() {
+                None => break,
+                Some(d) => d.qos,
+            };
+            if head_qos != QoS::AtMostOnce && st.inflight.len() >= usize::from(link.receive_maximum)
+            {
+                break;
+            }
+            let Some(d) = st.queue.pop_front() else { break };
+            if d.message.expired(now) {
+                continue;
+            }
+            let mut packet_id = 0;
+            if d.qos != QoS::AtMostOnce {
+                packet_id = next_id(&mut st.next_packet_id, &st.inflight);
+            }
+            let Some(p) = build_publish(&d, packet_id, false, now, link) else {
+                // Larger than the client accepts: discarded as if delivered [MQTT-3.1.2-25].
+                continue;
+            };
+            Packet::Publish(p).encode(out, level);
+            if d.qos != QoS::AtMostOnce {
+                st.inflight.push_back((packet_id, Inflight::Publish(d)));
+            }
+        }
+        Some(false)
+    }
+
+    /// Whether more can be written right now (more queued and flow control allows it).
+    pub fn has_ready(&self, conn_id: u64) -> bool {
+        let st = self.state.lock();
+        let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) else {
+            return false;
+        };
+        if !link.control.is_empty() {
+            return true;
+        }
+        match st.queue.front() {
+            None => false,
+            Some(d) => {
+                d.qos == QoS::AtMostOnce || st.inflight.len() < usize::from(link.receive_maximum)
+            }
+        }
+    }
+}
+
+fn next_id(counter: &mut u16, inflight: &VecDeque<(u16, Inflight)>) -> u16 {
+    loop {
+        let id = *counter;
+        *counter = counter.wrapping_add(1).max(1);
+        if !inflight.iter().any(|(i, _)| *i == id) {
+            return id;
+        }
+    }
+}
+
+/// Builds the PUBLISH one session receives, or `None` if it exceeds the client's maximum size.
+fn build_publish(
+    d: &Delivery,
+    packet_id: u16,
+    dup: bool,
+    now: Instant,
+    link: &mut Link,
+) -> Option<Publish> {
+    let m = &d.message;
+    let mut p = Publish {
+        dup,
+        qos: d.qos,
+        retain: d.retain,
+        topic: m.topic.clone(),
+        packet_id,
+        properties: Properties::default(),
+        payload: m.payload.clone(),
+    };
+    if link.protocol_level == codec::V5 {
+        p.properties = m.properties.clone();
+        p.properties.message_expiry_interval = m.remaining_expiry(now);
+        p.properties.subscription_identifiers = d.subscription_ids.clone();
+        if codec::publish_size(&p, link.protocol_level) > link.max_packet_size {
+            return None;
+        }
+        if link.topic_alias_maximum > 0 {
+            if let Some(alias) = link.aliases.get(&p.topic) {
+                p.properties.topic_alias = Some(*alias);
+                p.topic = String::new();
+            } else if link.aliases.len() < usize::from(link.topic_alias_maximum) {
+                let alias = (link.aliases.len() + 1) as u16;
+                link.aliases.insert(p.topic.clone(), alias);
+                p.properties.topic_alias = Some(alias);
+            }
+        }
+        return Some(p);
+    }
+    if codec::publish_size(&p, link.protocol_level) > link.max_packet_size {
+        return None;
+    }
+    Some(p)
+}

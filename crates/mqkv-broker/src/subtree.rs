@@ -1,0 +1,289 @@
+//! The subscription index: a trie over topic levels.
+//!
+//! Matching a topic walks at most three branches per level (the exact level, `+` and `#`), so
+//! routing cost depends on the topic's depth and the number of matching subscriptions, not on
+//! how many subscriptions exist. Shared subscription groups sit beside plain subscribers at the
+//! leaf of their filter; each group keeps a round-robin cursor so matching picks one member.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::codec::SubscriptionOptions;
+
+pub type ClientId = Arc<str>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubEntry {
+    pub options: SubscriptionOptions,
+    pub identifier: Option<u32>,
+}
+
+/// A subscriber as the index stores it: its options and a handle `T` to reach it.
+pub type Member<T> = (ClientId, SubEntry, T);
+
+#[derive(Debug)]
+pub struct SharedGroup<T> {
+    pub members: Vec<Member<T>>,
+    cursor: AtomicUsize,
+}
+
+impl<T> Default for SharedGroup<T> {
+    fn default() -> Self {
+        SharedGroup {
+            members: Vec::new(),
+            cursor: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<T> SharedGroup<T> {
+    /// Rotates the group's cursor and returns the members starting from it.
+    pub fn rotation(&self) -> impl Iterator<Item = &Member<T>> {
+        let n = self.members.len().max(1);
+        let start = self.cursor.fetch_add(1, Ordering::Relaxed) % n;
+        self.members
+            .iter()
+            .cycle()
+            .skip(start)
+            .take(self.members.len())
+    }
+}
+
+#[derive(Debug)]
+struct Node<T> {
+    children: HashMap<Box<str>, Node<T>>,
+    direct: HashMap<ClientId, (SubEntry, T)>,
+    shared: HashMap<Box<str>, SharedGroup<T>>,
+}
+
+impl<T> Default for Node<T> {
+    fn default() -> Self {
+        Node {
+            children: HashMap::new(),
+            direct: HashMap::new(),
+            shared: HashMap::new(),
+        }
+    }
+}
+
+impl<T> Node<T> {
+    fn is_empty(&self) -> bool {
+        self.children.is_empty() && self.direct.is_empty() && self.shared.is_empty()
+    }
+}
+
+/// What a topic matched: plain subscribers and shared groups (one member of each receives).
+pub struct Matches<'a, T> {
+    pub direct: Vec<(&'a ClientId, &'a (SubEntry, T))>,
+    pub shared: Vec<&'a SharedGroup<T>>,
+}
+
+impl<T> Default for Matches<'_, T> {
+    fn default() -> Self {
+        Matches {
+            direct: Vec::new(),
+            shared: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct SubTree<T> {
+    root: Node<T>,
+    count: usize,
+}
+
+impl<T> Default for SubTree<T> {
+    fn default() -> Self {
+        SubTree {
+            root: Node::default(),
+            count: 0,
+        }
+    }
+}
+
+impl<T> SubTree<T> {
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Adds or replaces a subscription. Returns true when it already existed.
+    pub fn insert(
+        &mut self,
+        filter: &str,
+        group: Option<&str>,
+        client: &ClientId,
+        e: SubEntry,
+        handle: T,
+    ) -> bool {
+        let mut node = &mut self.root;
+        for level in filter.split('/') {
+            node = node.children.entry(level.into()).or_default();
+        }
+        let existed = match group {
+            None => node.direct.insert(client.clone(), (e, handle)).is_some(),
+            Some(g) => {
+                let grp = node.shared.entry(g.into()).or_default();
+                if let Some(slot) = grp.members.iter_mut().find(|(c, _, _)| c == client) {
+                    slot.1 = e;
+                    slot.2 = handle;
+                    true
+                } else {
+                    grp.members.push((client.clone(), e, handle));
+                    false
+                }
+            }
+        };
+        if !existed {
+            self.count += 1;
+        }
+        existed
+    }
+
+    /// Removes a subscription. Returns true when it existed.
+    pub fn remove(&mut self, filter: &str, group: Option<&str>, client: &str) -> bool {
+        let levels: Vec<&str> = filter.split('/').collect();
+        let removed = Self::remove_at(&mut self.root, &levels, group, client);
+        if removed {
+            self.count -= 1;
+        }
+        removed
+    }
+
+    fn remove_at(node: &mut Node<T>, levels: &[&str], group: Option<&str>, client: &str) -> bool {
+        let Some((first, rest)) = levels.split_first() else {
+            return match group {
+                None => node.direct.remove(client).is_some(),
+                Some(g) => {
+                    let Some(grp) = node.shared.get_mut(g) else {
+                        return false;
+                    };
+                    let before = grp.members.len();
+                    grp.members.retain(|(c, _, _)| &**c != client);
+                    let removed = grp.members.len() != before;
+                    if grp.members.is_empty() {
+                        node.shared.remove(g);
+                    }
+                    removed
+                }
+            };
+        };
+        let Some(child) = node.children.get_mut(*first) else {
+            return false;
+        };
+        let removed = Self::remove_at(child, rest, group, client);
+        if child.is_empty() {
+            node.children.remove(*first);
+        }
+        removed
+    }
+
+    /// Collects every subscription matching `topic`.
+    pub fn matches<'a>(&'a self, topic: &str, out: &mut Matches<'a, T>) {
+        let levels: Vec<&str> = topic.split('/').collect();
+        let dollar = topic.starts_with('$');
+        Self::walk(&self.root, &levels, 0, dollar, out);
+    }
+
+    fn walk<'a>(
+        node: &'a Node<T>,
+        levels: &[&str],
+        depth: usize,
+        dollar: bool,
+        out: &mut Matches<'a, T>,
+    ) {
+        let wild_ok = !(dollar && depth == 0);
+        if wild_ok {
+            if let Some(hash) = node.children.get("#") {
+                Self::collect(hash, out);
+            }
+        }
+        let Some((level, rest)) = levels.split_first() else {
+            Self::collect(node, out);
+            return;
+        };
+        if let Some(child) = node.children.get(*level) {
+            Self::walk(child, rest, depth + 1, dollar, out);
+        }
+        if wild_ok {
+            if let Some(child) = node.children.get("+") {
+                Self::walk(child, rest, depth + 1, dollar, out);
+            }
+        }
+    }
+
+    fn collect<'a>(node: &'a Node<T>, out: &mut Matches<'a, T>) {
+        out.direct.extend(node.direct.iter());
+        out.shared.extend(node.shared.values());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topic;
+
+    fn entry() -> SubEntry {
+        SubEntry {
+            options: SubscriptionOptions::default(),
+            identifier: None,
+        }
+    }
+
+    fn matched(t: &SubTree<()>, topic: &str) -> Vec<String> {
+        let mut m = Matches::default();
+        t.matches(topic, &mut m);
+        let mut v: Vec<String> = m.direct.iter().map(|(c, _)| c.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn insert_match_remove() {
+        let mut t = SubTree::<()>::default();
+        let a: ClientId = "a".into();
+        let b: ClientId = "b".into();
+        assert!(!t.insert("x/+/z", None, &a, entry(), ()));
+        assert!(t.insert("x/+/z", None, &a, entry(), ()));
+        t.insert("x/#", None, &b, entry(), ());
+        assert_eq!(matched(&t, "x/y/z"), vec!["a", "b"]);
+        assert_eq!(matched(&t, "x"), vec!["b"]);
+        assert!(t.remove("x/+/z", None, "a"));
+        assert!(!t.remove("x/+/z", None, "a"));
+        assert_eq!(matched(&t, "x/y/z"), vec!["b"]);
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn dollar_topics_skip_leading_wildcards() {
+        let mut t = SubTree::<()>::default();
+        let a: ClientId = "a".into();
+        t.insert("#", None, &a, entry(), ());
+        t.insert("+/x", None, &a, entry(), ());
+        assert!(matched(&t, "$SYS/x").is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn trie_agrees_with_reference_matcher(
+            filters in proptest::collection::vec("(a|b|\\+|\\$s)(/(a|b|\\+|#))?(/(a|b|\\+|#))?", 1..8),
+            topic in "(a|b|\\$s)(/(a|b))?(/(a|b))?")
+        {
+            let mut t = SubTree::<()>::default();
+            let mut expect = Vec::new();
+            for (i, f) in filters.iter().enumerate() {
+                if !topic::valid_topic_filter(f) { continue; }
+                let c: ClientId = format!("{i}").into();
+                t.insert(f, None, &c, entry(), ());
+                if topic::matches(f, &topic) { expect.push(format!("{i}")); }
+            }
+            expect.sort();
+            proptest::prop_assert_eq!(matched(&t, &topic), expect);
+        }
+    }
+}

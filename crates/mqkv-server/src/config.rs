@@ -1,0 +1,128 @@
+//! Server configuration: a TOML file, overridden by command-line flags.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use mqkv_broker::BrokerConfig;
+use serde::{Deserialize, Serialize};
+
+/// Where the state store keeps its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum StorageKind {
+    /// In memory only: everything is gone when the process ends.
+    #[default]
+    Memory,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StateStoreConfig {
+    /// Largest number of keys; `None` is unlimited.
+    pub max_keys: Option<u64>,
+    /// Largest total of key and value bytes; `None` is unlimited.
+    pub max_bytes: Option<u64>,
+    /// Keys per SCAN page.
+    pub scan_page_size: usize,
+    /// Node id in the versions (HLCs) the store hands out.
+    pub node_id: String,
+}
+
+impl Default for StateStoreConfig {
+    fn default() -> Self {
+        StateStoreConfig {
+            max_keys: None,
+            max_bytes: None,
+            scan_page_size: 100,
+            node_id: "mqkv".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// MQTT listeners.
+    pub listen: Vec<SocketAddr>,
+    pub data_dir: PathBuf,
+    pub storage: StorageKind,
+    pub broker: BrokerConfig,
+    pub state_store: StateStoreConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: vec![SocketAddr::from(([127, 0, 0, 1], 1883))],
+            data_dir: PathBuf::from("./mqkv-data"),
+            storage: StorageKind::default(),
+            broker: BrokerConfig::default(),
+            state_store: StateStoreConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid configuration in {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+}
+
+impl ServerConfig {
+    pub fn from_file(path: &Path) -> Result<ServerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_full_file() {
+        let c: ServerConfig = toml::from_str(
+            r#"
+            listen = ["127.0.0.1:1884", "[::1]:1885"]
+            storage = "memory"
+            [broker]
+            max_packet_size = 1024
+            max_queued_messages = 5
+            queue_full = "drop-oldest"
+            [[broker.users]]
+            username = "u"
+            password = "p"
+            [state_store]
+            max_keys = 10
+            "#,
+        )
+        .expect("valid");
+        assert_eq!(c.listen.len(), 2);
+        assert_eq!(c.broker.max_packet_size, 1024);
+        assert_eq!(
+            c.broker.queue_full,
+            mqkv_broker::QueueFullPolicy::DropOldest
+        );
+        assert_eq!(c.state_store.max_keys, Some(10));
+        assert_eq!(c.broker.users.len(), 1);
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        assert!(toml::from_str::<ServerConfig>("listn = []").is_err());
+    }
+}

@@ -1,0 +1,50 @@
+//! The mqkv server: configuration, the broker, and the state store service wired together.
+
+pub mod config;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mqkv_broker::Broker;
+
+pub use config::{ServerConfig, StorageKind};
+
+/// A started server.
+pub struct Server {
+    pub broker: Broker,
+    /// The bound listener addresses, in configuration order.
+    pub listeners: Vec<SocketAddr>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+impl Server {
+    /// Starts the broker and its services and binds every listener.
+    pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
+        let broker = Broker::new(config.broker.clone());
+        let mut listeners = Vec::new();
+        for addr in &config.listen {
+            let bound = broker
+                .listen(*addr)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: *addr,
+                    source,
+                })?;
+            listeners.push(bound);
+        }
+        Ok(Server { broker, listeners })
+    }
+
+    /// Disconnects every client with reason 0x8B and stops.
+    pub async fn shutdown(self) {
+        self.broker.shutdown(Duration::from_secs(5)).await;
+    }
+}

@@ -1,0 +1,202 @@
+//! The `mqkv` command: `mqkv serve` runs the broker and state store.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use mqkv_broker::QueueFullPolicy;
+use mqkv_server::{Server, ServerConfig, StorageKind};
+
+#[derive(Parser)]
+#[command(
+    name = "mqkv",
+    version,
+    about = "An MQTT 5 broker with a built-in state store"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker and state store.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file; flags given here override it.
+    #[arg(long, short = 'c', env = "MQKV_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listener address (repeatable). Default 127.0.0.1:1883. Port 0 picks a free port.
+    #[arg(long = "listen", short = 'l')]
+    listen: Vec<SocketAddr>,
+    /// Data directory.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Storage: `memory` (nothing is kept after exit).
+    #[arg(long, value_parser = parse_storage)]
+    storage: Option<StorageKind>,
+    /// Largest packet accepted from clients, in bytes.
+    #[arg(long)]
+    max_packet_size: Option<u32>,
+    /// Unacknowledged QoS 2 publishes a client may have open towards the broker.
+    #[arg(long)]
+    receive_maximum: Option<u16>,
+    /// Topic aliases a client may use towards the broker.
+    #[arg(long)]
+    topic_alias_maximum: Option<u16>,
+    /// Largest keep alive accepted, in seconds (0: any).
+    #[arg(long)]
+    max_keep_alive: Option<u16>,
+    /// Largest session expiry interval granted, in seconds.
+    #[arg(long)]
+    max_session_expiry: Option<u32>,
+    /// Messages queued per session before --queue-full applies.
+    #[arg(long)]
+    max_queued_messages: Option<usize>,
+    /// What a full session queue does: drop-new or drop-oldest.
+    #[arg(long, value_parser = parse_queue_full)]
+    queue_full: Option<QueueFullPolicy>,
+    /// Allow clients without credentials on every listener (default: loopback listeners only).
+    #[arg(long)]
+    allow_anonymous: Option<bool>,
+    /// State store: largest number of keys.
+    #[arg(long)]
+    max_keys: Option<u64>,
+    /// State store: largest total of key and value bytes.
+    #[arg(long)]
+    max_bytes: Option<u64>,
+}
+
+fn parse_storage(s: &str) -> Result<StorageKind, String> {
+    match s {
+        "memory" => Ok(StorageKind::Memory),
+        other => Err(format!("unknown storage '{other}' (expected: memory)")),
+    }
+}
+
+fn parse_queue_full(s: &str) -> Result<QueueFullPolicy, String> {
+    match s {
+        "drop-new" => Ok(QueueFullPolicy::DropNew),
+        "drop-oldest" => Ok(QueueFullPolicy::DropOldest),
+        other => Err(format!(
+            "unknown policy '{other}' (expected: drop-new, drop-oldest)"
+        )),
+    }
+}
+
+impl ServeArgs {
+    fn into_config(self) -> anyhow::Result<ServerConfig> {
+        let mut c = match &self.config {
+            Some(path) => ServerConfig::from_file(path)?,
+            None => ServerConfig::default(),
+        };
+        if !self.listen.is_empty() {
+            c.listen = self.listen;
+        }
+        if let Some(v) = self.data_dir {
+            c.data_dir = v;
+        }
+        if let Some(v) = self.storage {
+            c.storage = v;
+        }
+        let b = &mut c.broker;
+        if let Some(v) = self.max_packet_size {
+            b.max_packet_size = v;
+        }
+        if let Some(v) = self.receive_maximum {
+            b.receive_maximum = v;
+        }
+        if let Some(v) = self.topic_alias_maximum {
+            b.topic_alias_maximum = v;
+        }
+        if let Some(v) = self.max_keep_alive {
+            b.max_keep_alive = v;
+        }
+        if let Some(v) = self.max_session_expiry {
+            b.max_session_expiry = v;
+        }
+        if let Some(v) = self.max_queued_messages {
+            b.max_queued_messages = v;
+        }
+        if let Some(v) = self.queue_full {
+            b.queue_full = v;
+        }
+        if let Some(v) = self.allow_anonymous {
+            b.allow_anonymous = Some(v);
+        }
+        if let Some(v) = self.max_keys {
+            c.state_store.max_keys = Some(v);
+        }
+        if let Some(v) = self.max_bytes {
+            c.state_store.max_bytes = Some(v);
+        }
+        Ok(c)
+    }
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+    };
+    if let Err(e) = result {
+        eprintln!("mqkv: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let server = Server::start(config).await?;
+        {
+            // One line per listener on standard output, so scripts and tests can find ports.
+            let mut out = std::io::stdout().lock();
+            for addr in &server.listeners {
+                writeln!(out, "listening on {addr}")?;
+            }
+            out.flush()?;
+        }
+        for addr in &server.listeners {
+            tracing::info!(%addr, "listening");
+        }
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        server.shutdown().await;
+        anyhow::Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
