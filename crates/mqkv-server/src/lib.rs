@@ -1,6 +1,7 @@
 //! The mqkv server: configuration, the broker, and the state store service wired together.
 
 pub mod config;
+pub mod statestore;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -29,6 +30,12 @@ impl Server {
     /// Starts the broker and its services and binds every listener.
     pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
         let broker = Broker::new(config.broker.clone());
+        let store = &config.state_store;
+        let mut store_config = mqkv_store::StoreConfig::new(store.node_id.clone());
+        store_config.max_keys = store.max_keys;
+        store_config.max_bytes = store.max_bytes;
+        store_config.scan_page_size = store.scan_page_size;
+        statestore::StateStoreService::spawn(&broker, store_config);
         let mut listeners = Vec::new();
         for addr in &config.listen {
             let bound = broker

@@ -1,0 +1,480 @@
+//! The state store at the byte level, through `rumqttc`: the cases the official SDKs never send.
+
+mod common;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use common::{ServerProcess, TIMEOUT};
+use rumqttc::v5::mqttbytes::v5::{Packet, Publish, PublishProperties};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+
+const REQUEST_TOPIC: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn ts(ms: u64) -> String {
+    format!("{ms:015}:00000:test-client")
+}
+
+/// Encodes a RESP3 array of bulk strings.
+fn resp(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+struct Client {
+    id: String,
+    client: AsyncClient,
+    el: EventLoop,
+    next: u64,
+    /// Messages that arrived while waiting for something else.
+    stash: Vec<Publish>,
+}
+
+struct Answer {
+    payload: Bytes,
+    props: PublishProperties,
+}
+
+impl Answer {
+    fn user(&self, name: &str) -> Option<&str> {
+        self.props
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Client {
+    async fn connect(id: &str, port: u16) -> Client {
+        let mut o = MqttOptions::new(id, "127.0.0.1", port);
+        o.set_keep_alive(Duration::from_secs(10));
+        o.set_max_packet_size(Some(64 * 1024 * 1024));
+        let (client, mut el) = AsyncClient::new(o, 100);
+        let response = format!("clients/{id}/response");
+        client.subscribe(&response, QoS::AtLeastOnce).await.unwrap();
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                if let Event::Incoming(Packet::SubAck(_)) = el.poll().await.unwrap() {
+                    break;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        Client {
+            id: id.into(),
+            client,
+            el,
+            next: 0,
+            stash: Vec::new(),
+        }
+    }
+
+    fn correlation(&mut self) -> Bytes {
+        self.next += 1;
+        Bytes::from(self.next.to_be_bytes().repeat(2))
+    }
+
+    async fn send(&mut self, payload: Vec<u8>, user: Vec<(String, String)>, correlation: Bytes) {
+        let props = PublishProperties {
+            response_topic: Some(format!("clients/{}/response", self.id)),
+            correlation_data: Some(correlation),
+            message_expiry_interval: Some(10),
+            content_type: Some("application/octet-stream".into()),
+            user_properties: user,
+            ..Default::default()
+        };
+        self.client
+            .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, payload, props)
+            .await
+            .unwrap();
+    }
+
+    async fn wait_response(&mut self, correlation: &Bytes) -> Answer {
+        let want = correlation.clone();
+        let got = self
+            .wait_for(|p| p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()) == Some(&want))
+            .await;
+        Answer {
+            payload: got.payload,
+            props: got.properties.unwrap_or_default(),
+        }
+    }
+
+    async fn wait_for(&mut self, pred: impl Fn(&Publish) -> bool) -> Publish {
+        if let Some(i) = self.stash.iter().position(&pred) {
+            return self.stash.remove(i);
+        }
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                if let Event::Incoming(Packet::Publish(p)) = self.el.poll().await.expect("poll") {
+                    if pred(&p) {
+                        return p;
+                    }
+                    self.stash.push(p);
+                }
+            }
+        })
+        .await
+        .expect("message in time")
+    }
+
+    /// A request with `__ts` = now, like the SDKs send.
+    async fn call(&mut self, args: &[&[u8]]) -> Answer {
+        self.call_with(resp(args), vec![("__ts".into(), ts(now_ms()))]).await
+    }
+
+    async fn call_with(&mut self, payload: Vec<u8>, user: Vec<(String, String)>) -> Answer {
+        let c = self.correlation();
+        self.send(payload, user, c.clone()).await;
+        self.wait_response(&c).await
+    }
+
+    /// Polls briefly and returns everything that arrived.
+    async fn drain(&mut self, for_: Duration) -> Vec<Publish> {
+        let mut out = std::mem::take(&mut self.stash);
+        while let Ok(Ok(ev)) = tokio::time::timeout(for_, self.el.poll()).await {
+            if let Event::Incoming(Packet::Publish(p)) = ev {
+                out.push(p);
+            }
+        }
+        out
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02X}")).collect()
+}
+
+fn notify_topic(client: &str, key: &[u8]) -> String {
+    format!(
+        "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/{}/command/notify/{}",
+        hex(client.as_bytes()),
+        hex(key)
+    )
+}
+
+#[tokio::test]
+async fn responses_are_byte_exact_with_status_and_versions() {
+    let mut server = ServerProcess::start(&[]);
+    let mut c = Client::connect("raw1", server.port).await;
+
+    let set = c.call(&[b"SET", b"k", b"v"]).await;
+    assert_eq!(&set.payload[..], b"+OK\r\n");
+    assert_eq!(set.user("__stat"), Some("200"));
+    assert_eq!(set.user("__protVer"), Some("1.0"));
+    assert_eq!(set.props.content_type.as_deref(), Some("application/octet-stream"));
+    let v1 = set.user("__ts").expect("SET carries the version").to_owned();
+
+    let get = c.call(&[b"GET", b"k"]).await;
+    assert_eq!(&get.payload[..], b"$1\r\nv\r\n");
+    assert_eq!(get.user("__ts"), Some(v1.as_str()));
+
+    let miss = c.call(&[b"GET", b"nokey"]).await;
+    assert_eq!(&miss.payload[..], b"$-1\r\n");
+    assert_eq!(miss.user("__ts"), None, "a GET miss carries no __ts");
+
+    let nx = c.call(&[b"SET", b"k", b"other", b"NX"]).await;
+    assert_eq!(&nx.payload[..], b":-1\r\n");
+    assert_eq!(nx.user("__ts"), Some(v1.as_str()), "not applied carries the stored version");
+
+    let vdel = c.call(&[b"VDEL", b"k", b"wrong"]).await;
+    assert_eq!(&vdel.payload[..], b":-1\r\n");
+    let del = c.call(&[b"DEL", b"k"]).await;
+    assert_eq!(&del.payload[..], b":1\r\n");
+    let del = c.call(&[b"DEL", b"k"]).await;
+    assert_eq!(&del.payload[..], b":0\r\n");
+    let stop = c.call(&[b"KEYNOTIFY", b"k", b"STOP"]).await;
+    assert_eq!(&stop.payload[..], b":0\r\n");
+    server.assert_alive();
+}
+
+#[tokio::test]
+async fn versions_increase_and_exceed_the_request_timestamp() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("raw2", server.port).await;
+    let future = now_ms() + 30_000;
+    let a = c
+        .call_with(resp(&[b"SET", b"k", b"1"]), vec![("__ts".into(), ts(future))])
+        .await;
+    let v = a.user("__ts").unwrap().to_owned();
+    let parts: Vec<&str> = v.split(':').collect();
+    assert_eq!(parts.len(), 3);
+    assert!(parts[0].parse::<u64>().unwrap() > future, "version {v} > request {future}");
+    let mut last = v.clone();
+    for i in 0..5 {
+        let a = c.call(&[b"SET", b"k", format!("{i}").as_bytes()]).await;
+        let now = a.user("__ts").unwrap().to_owned();
+        let cmp = |s: &str| {
+            let p: Vec<&str> = s.split(':').collect();
+            (p[0].parse::<u64>().unwrap(), p[1].parse::<u64>().unwrap(), p[2].to_owned())
+        };
+        assert!(cmp(&now) > cmp(&last), "{now} > {last}");
+        assert_eq!(cmp(&now).2, cmp(&last).2, "stable node id");
+        assert_eq!(cmp(&now).1, 0, "counter stays 0 for sequential writes");
+        last = now;
+    }
+}
+
+#[tokio::test]
+async fn malformed_requests_get_the_documented_errors() {
+    let mut server = ServerProcess::start(&[]);
+    let mut c = Client::connect("raw3", server.port).await;
+    let now = vec![("__ts".to_string(), ts(now_ms()))];
+    let cases: Vec<(Vec<u8>, Vec<(String, String)>, &[u8])> = vec![
+        (b"garbage".to_vec(), now.clone(), b"-ERR syntax error\r\n"),
+        (b"*2\r\n$3\r\nGET\r\n$5\r\nab\r\n".to_vec(), now.clone(), b"-ERR syntax error\r\n"),
+        (b"*1\r\n$3\r\nGET\r\n".to_vec(), now.clone(), b"-ERR wrong number of arguments\r\n"),
+        (resp(&[b"GET", b"a", b"b"]), now.clone(), b"-ERR wrong number of arguments\r\n"),
+        (resp(&[b"FLY", b"a"]), now.clone(), b"-ERR unknown command\r\n"),
+        (resp(&[b"GET", b""]), now.clone(), b"-ERR the key length is zero\r\n"),
+        (resp(&[b"SET", b"k", b"v", b"PX", b"0"]), now.clone(), b"-ERR syntax error\r\n"),
+        (resp(&[b"SET", b"k", b"v", b"PX", b"-5"]), now.clone(), b"-ERR syntax error\r\n"),
+        (resp(&[b"SET", b"k", b"v", b"NX", b"NEX"]), now.clone(), b"-ERR syntax error\r\n"),
+        (resp(&[b"SET", b"k", b"v"]), vec![], b"-ERR missing timestamp\r\n"),
+        (
+            resp(&[b"SET", b"k", b"v"]),
+            vec![("__ts".into(), "yesterday".into())],
+            b"-ERR malformed timestamp\r\n",
+        ),
+        (
+            resp(&[b"SET", b"k", b"v"]),
+            vec![("__ts".into(), ts(now_ms())), ("__ft".into(), "1:2".into())],
+            b"-ERR malformed timestamp\r\n",
+        ),
+        (
+            resp(&[b"SET", b"k", b"v"]),
+            vec![("__ts".into(), ts(now_ms() + 3_600_000))],
+            b"-ERR the request timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n",
+        ),
+        (
+            resp(&[b"SET", b"k", b"v"]),
+            vec![("__ts".into(), ts(now_ms())), ("__ft".into(), ts(now_ms() + 3_600_000))],
+            b"-ERR the request fencing token timestamp is too far in the future; ensure that the client and broker system clocks are synchronized\r\n",
+        ),
+    ];
+    for (payload, user, want) in cases {
+        let a = c.call_with(payload.clone(), user).await;
+        assert_eq!(
+            String::from_utf8_lossy(&a.payload),
+            String::from_utf8_lossy(want),
+            "request {:?}",
+            String::from_utf8_lossy(&payload)
+        );
+        assert_eq!(a.user("__stat"), Some("200"));
+    }
+    // Lower-case verbs and options are accepted; a fractional PX is truncated.
+    let a = c.call(&[b"set", b"lk", b"v", b"px", b"1500.7"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    let a = c.call(&[b"get", b"lk"]).await;
+    assert_eq!(&a.payload[..], b"$1\r\nv\r\n");
+    server.assert_alive();
+}
+
+#[tokio::test]
+async fn unsupported_protocol_version_gets_status_505() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("raw4", server.port).await;
+    let a = c
+        .call_with(
+            resp(&[b"GET", b"k"]),
+            vec![("__protVer".into(), "2.0".into()), ("__ts".into(), ts(now_ms()))],
+        )
+        .await;
+    assert_eq!(a.user("__stat"), Some("505"));
+    assert_eq!(a.user("__supProtMajVer"), Some("1"));
+    assert_eq!(a.user("__requestProtVer"), Some("2.0"));
+    assert_eq!(a.user("__protVer"), Some("1.0"));
+    assert!(a.payload.is_empty());
+}
+
+#[tokio::test]
+async fn notifications_reach_observers_without_a_subscription_and_before_the_response() {
+    let server = ServerProcess::start(&[]);
+    let mut watcher = Client::connect("watcher", server.port).await;
+    let mut writer = Client::connect("writer", server.port).await;
+    // The watcher never subscribes to its notification topic.
+    let a = watcher.call(&[b"KEYNOTIFY", b"key\x00bin"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    let a = watcher.call(&[b"KEYNOTIFY", b"key\x00bin"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n", "repeated KEYNOTIFY is +OK");
+
+    let set = writer.call(&[b"SET", b"key\x00bin", b"val"]).await;
+    let version = set.user("__ts").unwrap().to_owned();
+    let topic = notify_topic("watcher", b"key\x00bin");
+    let n = watcher.wait_for(|p| p.topic == topic.as_bytes()).await;
+    assert_eq!(&n.payload[..], b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nval\r\n");
+    let props = n.properties.unwrap();
+    assert!(props.user_properties.contains(&("__ts".into(), version)));
+    assert!(props.correlation_data.is_none());
+
+    // The observer's own write: its notification comes before its response.
+    let c = watcher.correlation();
+    watcher.send(resp(&[b"DEL", b"key\x00bin"]), vec![("__ts".into(), ts(now_ms()))], c.clone()).await;
+    let mut order = Vec::new();
+    while order.len() < 2 {
+        let p = watcher.wait_for(|_| true).await;
+        if p.topic == topic.as_bytes() {
+            assert_eq!(&p.payload[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+            order.push("notify");
+        } else if p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()) == Some(&c) {
+            order.push("response");
+        }
+    }
+    assert_eq!(order, vec!["notify", "response"]);
+
+    // After STOP, nothing more.
+    let a = watcher.call(&[b"KEYNOTIFY", b"key\x00bin", b"STOP"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    writer.call(&[b"SET", b"key\x00bin", b"again"]).await;
+    let extra = watcher.drain(Duration::from_millis(500)).await;
+    assert!(extra.iter().all(|p| p.topic != topic.as_bytes()), "no notification after STOP");
+}
+
+#[tokio::test]
+async fn expiry_deletes_promptly_and_notifies() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("exp", server.port).await;
+    c.call(&[b"KEYNOTIFY", b"lease"]).await;
+    let set = c.call(&[b"SET", b"lease", b"me", b"NEX", b"PX", b"300"]).await;
+    assert_eq!(&set.payload[..], b"+OK\r\n");
+    let topic = notify_topic("exp", b"lease");
+    // The SET notification, then the DELETE from expiry.
+    let first = c.wait_for(|p| p.topic == topic.as_bytes()).await;
+    assert!(first.payload.starts_with(b"*4\r\n"));
+    let started = std::time::Instant::now();
+    let del = c.wait_for(|p| p.topic == topic.as_bytes()).await;
+    assert_eq!(&del.payload[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let get = c.call(&[b"GET", b"lease"]).await;
+    assert_eq!(&get.payload[..], b"$-1\r\n");
+}
+
+#[tokio::test]
+async fn redelivered_requests_get_the_first_answer_and_apply_once() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("dedup", server.port).await;
+    let corr = c.correlation();
+    let req = resp(&[b"SET", b"once", b"v", b"NX"]);
+    c.send(req.clone(), vec![("__ts".into(), ts(now_ms()))], corr.clone()).await;
+    let first = c.wait_response(&corr).await;
+    c.send(req.clone(), vec![("__ts".into(), ts(now_ms()))], corr.clone()).await;
+    let second = c.wait_response(&corr).await;
+    assert_eq!(&first.payload[..], b"+OK\r\n");
+    assert_eq!(&second.payload[..], b"+OK\r\n", "the redelivery gets the first answer");
+    assert_eq!(first.user("__ts"), second.user("__ts"));
+    // A new request (new correlation data) is judged afresh.
+    let third = c.call_with(req, vec![("__ts".into(), ts(now_ms()))]).await;
+    assert_eq!(&third.payload[..], b":-1\r\n");
+}
+
+#[tokio::test]
+async fn fencing_tokens_guard_writes() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("fence", server.port).await;
+    let lock = c.call(&[b"SET", b"lock", b"me", b"NEX", b"PX", b"10000"]).await;
+    let token = lock.user("__ts").unwrap().to_owned();
+    let with = |ft: &str| vec![("__ts".to_string(), ts(now_ms())), ("__ft".to_string(), ft.to_string())];
+    let a = c.call_with(resp(&[b"SET", b"guarded", b"1"]), with(&token)).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    let a = c.call(&[b"SET", b"guarded", b"2"]).await;
+    assert_eq!(&a.payload[..], b"-ERR a fencing token is required for this request\r\n");
+    let a = c
+        .call_with(resp(&[b"SET", b"guarded", b"3"]), with("000000000000000:00000:old"))
+        .await;
+    assert_eq!(
+        &a.payload[..],
+        &b"-ERR the request fencing token is a lower version than the fencing token protecting the resource\r\n"[..]
+    );
+    let a = c.call_with(resp(&[b"DEL", b"guarded"]), vec![("__ts".into(), ts(now_ms()))]).await;
+    assert_eq!(&a.payload[..], b"-ERR a fencing token is required for this request\r\n");
+    let a = c.call_with(resp(&[b"VDEL", b"guarded", b"x"]), with(&token)).await;
+    assert_eq!(&a.payload[..], b":-1\r\n");
+    let a = c.call_with(resp(&[b"DEL", b"guarded"]), with(&token)).await;
+    assert_eq!(&a.payload[..], b":1\r\n");
+}
+
+#[tokio::test]
+async fn quotas_refuse_new_data_and_keep_what_is_stored() {
+    let mut server = ServerProcess::start(&["--max-keys", "2"]);
+    let mut c = Client::connect("quota", server.port).await;
+    assert_eq!(&c.call(&[b"SET", b"a", b"1"]).await.payload[..], b"+OK\r\n");
+    assert_eq!(&c.call(&[b"SET", b"b", b"2"]).await.payload[..], b"+OK\r\n");
+    let a = c.call(&[b"SET", b"c", b"3"]).await;
+    assert_eq!(&a.payload[..], b"-ERR the quota has been exceeded\r\n");
+    assert_eq!(&c.call(&[b"SET", b"a", b"changed"]).await.payload[..], b"+OK\r\n");
+    assert_eq!(&c.call(&[b"GET", b"a"]).await.payload[..], b"$7\r\nchanged\r\n");
+    assert_eq!(&c.call(&[b"GET", b"b"]).await.payload[..], b"$1\r\n2\r\n");
+    server.assert_alive();
+}
+
+#[tokio::test]
+async fn large_keys_and_values_and_empty_values() {
+    let server = ServerProcess::start(&[]);
+    let mut c = Client::connect("big", server.port).await;
+    let key = vec![0u8; 6500];
+    let value = vec![0xABu8; 1 << 20];
+    assert_eq!(&c.call(&[b"SET", &key, &value]).await.payload[..], b"+OK\r\n");
+    let got = c.call(&[b"GET", &key]).await;
+    let mut want = format!("${}\r\n", value.len()).into_bytes();
+    want.extend_from_slice(&value);
+    want.extend_from_slice(b"\r\n");
+    assert!(got.payload[..] == want[..], "1 MiB value round-trips");
+    assert_eq!(&c.call(&[b"SET", b"e", b""]).await.payload[..], b"+OK\r\n");
+    assert_eq!(&c.call(&[b"GET", b"e"]).await.payload[..], b"$0\r\n\r\n");
+}
+
+#[tokio::test]
+async fn unanswerable_and_reserved_topic_requests() {
+    let mut server = ServerProcess::start(&[]);
+    let mut c = Client::connect("rude", server.port).await;
+    // No correlation data: dropped, no answer.
+    let props = PublishProperties {
+        response_topic: Some("clients/rude/response".into()),
+        ..Default::default()
+    };
+    c.client
+        .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, resp(&[b"GET", b"k"]), props)
+        .await
+        .unwrap();
+    let got = c.drain(Duration::from_millis(500)).await;
+    assert!(got.is_empty(), "no answer without correlation data");
+    // The server is still serving.
+    assert_eq!(&c.call(&[b"GET", b"k"]).await.payload[..], b"$-1\r\n");
+    // A response topic inside the notification namespace: the client is disconnected.
+    let props = PublishProperties {
+        response_topic: Some(
+            "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/41".into(),
+        ),
+        correlation_data: Some(Bytes::from_static(b"0123456789abcdef")),
+        ..Default::default()
+    };
+    c.client
+        .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, resp(&[b"GET", b"k"]), props)
+        .await
+        .unwrap();
+    let disconnected = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match c.el.poll().await {
+                Ok(Event::Incoming(Packet::Disconnect(d))) => return Some(d.reason_code),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    })
+    .await
+    .expect("disconnected in time");
+    assert!(disconnected.is_some(), "got a DISCONNECT packet");
+    server.assert_alive();
+}

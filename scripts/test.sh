@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The project's test command: installs what the tests need, then runs every suite.
+#   bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sudo_cmd=""
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+
+# Debian packages: the mosquitto command-line clients are real peers in the interop tests.
+if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_rr >/dev/null 2>&1; then
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq mosquitto-clients
+fi
+
+# Python packages: paho-mqtt and pytest.
+python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+
+# Rust: unit, property and integration tests (the integration tests start real servers).
+cargo build --workspace --all-targets
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
+
+# Python interop suite against the freshly built server.
+MQKV_BIN="$PWD/target/debug/mqkv" python3 -m pytest tests/python -q
