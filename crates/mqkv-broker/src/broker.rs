@@ -23,7 +23,7 @@ use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
 use crate::topic;
 
 struct ServiceClaim {
-    filter: String,
+    filters: Vec<String>,
     tx: mpsc::Sender<ServiceEvent>,
 }
 
@@ -122,13 +122,13 @@ impl Broker {
         Ok(local)
     }
 
-    /// Claims a topic filter for an in-process service. Publishes to matching topics go to the
+    /// Claims topic filters for an in-process service. Publishes to matching topics go to the
     /// returned channel instead of subscribers; connect and disconnect events of every client
     /// arrive on it too.
-    pub fn claim(&self, filter: &str, capacity: usize) -> mpsc::Receiver<ServiceEvent> {
+    pub fn claim(&self, filters: &[&str], capacity: usize) -> mpsc::Receiver<ServiceEvent> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         self.inner.services.write().push(ServiceClaim {
-            filter: filter.to_owned(),
+            filters: filters.iter().map(|f| (*f).to_owned()).collect(),
             tx,
         });
         rx
@@ -178,6 +178,15 @@ impl Broker {
         session.enqueue(d, self.inner.queue_limits()) == Enqueued::Yes
     }
 
+    /// Closes one connection of a client; MQTT 5 clients first receive DISCONNECT with
+    /// `reason_code`. Returns false when that connection is no longer there.
+    pub fn disconnect_client(&self, client_id: &str, connection_id: u64, reason_code: u8) -> bool {
+        let Some(session) = self.inner.sessions.lock().get(client_id).cloned() else {
+            return false;
+        };
+        session.close(connection_id, Some(reason_code))
+    }
+
     /// Number of connected clients.
     pub fn connection_count(&self) -> usize {
         self.inner.live_connections.load(Ordering::Relaxed)
@@ -222,7 +231,7 @@ impl Inner {
         let services = self.services.read();
         services
             .iter()
-            .find(|s| topic::matches(&s.filter, topic))
+            .find(|s| s.filters.iter().any(|f| topic::matches(f, topic)))
             .map(|s| s.tx.clone())
     }
 

@@ -69,6 +69,18 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
             let _ = wr.write_all(&out).await;
             return;
         }
+        Ok(Err(ConnectFailure::Decode(e))) if peek_level(&buf) == Some(codec::V5) => {
+            // An MQTT 5 CONNECT that breaks the rules: say why before closing.
+            tracing::debug!(%peer, error = %e, "invalid CONNECT");
+            let mut out = BytesMut::new();
+            Packet::ConnAck(ConnAck {
+                reason_code: e.reason_code(),
+                ..Default::default()
+            })
+            .encode(&mut out, codec::V5);
+            let _ = wr.write_all(&out).await;
+            return;
+        }
         Ok(Err(e)) => {
             tracing::debug!(%peer, error = ?e, "connection closed before CONNECT completed");
             return;
@@ -255,13 +267,30 @@ enum ConnectFailure {
     NotConnect,
 }
 
+/// The protocol level of a CONNECT at the front of `buf`, if that much has arrived.
+fn peek_level(buf: &[u8]) -> Option<u8> {
+    let header_len = 1 + buf.iter().skip(1).take(4).position(|b| b & 0x80 == 0)? + 1;
+    let rest = buf.get(header_len..)?;
+    if rest.get(..6)? == b"\x00\x04MQTT" {
+        rest.get(6).copied()
+    } else {
+        None
+    }
+}
+
 async fn read_connect(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     buf: &mut BytesMut,
     max: usize,
 ) -> Result<Connect, ConnectFailure> {
     loop {
-        match codec::decode(buf, None, max) {
+        // Decode from a view so that a rejected CONNECT stays in `buf` for `peek_level`.
+        let mut view = buf.clone();
+        let decoded = codec::decode(&mut view, None, max);
+        if decoded.is_ok() {
+            *buf = view;
+        }
+        match decoded {
             Ok(Some(Packet::Connect(c))) => return Ok(*c),
             Ok(Some(_)) => return Err(ConnectFailure::NotConnect),
             Ok(None) => {}
@@ -355,13 +384,7 @@ impl Conn {
 
     /// Queues DISCONNECT (MQTT 5) and makes the writer close after flushing.
     fn close_with(&self, code: u8) {
-        if self.v5() {
-            self.send(Packet::Disconnect(codec::Disconnect {
-                reason_code: code,
-                ..Default::default()
-            }));
-        }
-        self.close_quietly();
+        self.session.close(self.conn_id, Some(code));
     }
 
     async fn read_loop(
@@ -482,7 +505,7 @@ impl Conn {
                         self.session_expiry = granted;
                         self.session.state.lock().expiry_interval = granted;
                     }
-                    self.close_quietly();
+                    self.session.close(self.conn_id, None);
                     return Ok(Some(if d.reason_code == reason::DISCONNECT_WITH_WILL {
                         End::Abnormal
                     } else {
@@ -496,15 +519,6 @@ impl Conn {
                 | Packet::UnsubAck(_)
                 | Packet::PingResp => return Err(Violation(reason::PROTOCOL_ERROR)),
             }
-        }
-    }
-
-    /// Ends the connection after flushing, without a DISCONNECT (the client sent one).
-    fn close_quietly(&self) {
-        let mut st = self.session.state.lock();
-        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == self.conn_id) {
-            link.closing = true;
-            link.notify.notify_one();
         }
     }
 

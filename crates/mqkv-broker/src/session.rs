@@ -192,6 +192,25 @@ impl Session {
         }
     }
 
+    /// Ends connection `conn_id` after what is queued has been written, with a DISCONNECT
+    /// carrying `reason` first for MQTT 5 clients. Returns false if that connection is gone.
+    pub fn close(&self, conn_id: u64, reason: Option<u8>) -> bool {
+        let mut st = self.state.lock();
+        let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) else {
+            return false;
+        };
+        if let Some(reason_code) = reason.filter(|_| link.protocol_level == codec::V5) {
+            link.control
+                .push_back(Packet::Disconnect(codec::Disconnect {
+                    reason_code,
+                    ..Default::default()
+                }));
+        }
+        link.closing = true;
+        link.notify.notify_one();
+        true
+    }
+
     /// Handles PUBACK (QoS 1) or PUBCOMP (QoS 2 completed). Returns false for unknown ids.
     pub fn complete(&self, conn_id: u64, packet_id: u16) -> bool {
         let mut st = self.state.lock();

@@ -20,8 +20,8 @@ use mqkv_broker::codec::{Properties, QoS};
 use mqkv_broker::{Broker, ClientIdentity, OutboundMessage, ServiceEvent, ServicePublish};
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
-    is_reserved_response_topic, notification_topic, parse_request_bytes, Command, Hlc,
-    Response, REQUEST_TOPIC,
+    is_reserved_response_topic, notification_topic, parse_request_bytes, Command, Hlc, Response,
+    NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
 };
 use mqkv_store::{Applied, DedupId, Entry, Op, Request, StateMachine, StoreConfig};
 use tokio::sync::mpsc;
@@ -111,7 +111,10 @@ pub struct StateStoreService {
 impl StateStoreService {
     /// Claims the request topic on `broker` and runs the service until the broker goes away.
     pub fn spawn(broker: &Broker, config: StoreConfig) -> tokio::task::JoinHandle<()> {
-        let rx = broker.claim(REQUEST_TOPIC, 4096);
+        // The notification namespace is claimed too, so no client can publish forged
+        // notifications into it; the service drops whatever arrives there.
+        let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
+        let rx = broker.claim(&[REQUEST_TOPIC, &notify_filter], 4096);
         let service = StateStoreService {
             broker: broker.clone(),
             machine: StateMachine::new(config),
@@ -150,6 +153,10 @@ impl StateStoreService {
     }
 
     fn request(&mut self, p: ServicePublish) {
+        if p.topic != REQUEST_TOPIC {
+            tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
+            return;
+        }
         let (Some(response_topic), Some(correlation)) = (
             p.properties.response_topic.clone(),
             p.properties.correlation_data.clone(),
@@ -222,7 +229,9 @@ impl StateStoreService {
                 self.respond(&reply, &response, None);
             }
             Command::Get { key } => match self.machine.get(key, now) {
-                Some((value, version)) => self.respond(&reply, &Response::Value(value), Some(&version)),
+                Some((value, version)) => {
+                    self.respond(&reply, &Response::Value(value), Some(&version))
+                }
                 None => self.respond(&reply, &Response::Nil, None),
             },
             Command::Scan { pattern, token } => {
@@ -266,7 +275,10 @@ impl StateStoreService {
                         content_type: Some(prop::CONTENT_TYPE.to_owned()),
                         user_properties: vec![
                             (prop::TIMESTAMP.to_owned(), event.version.to_string()),
-                            (prop::PROTOCOL_VERSION.to_owned(), prop::PROTOCOL_VERSION_VALUE.to_owned()),
+                            (
+                                prop::PROTOCOL_VERSION.to_owned(),
+                                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+                            ),
                         ],
                         ..Default::default()
                     },
@@ -279,7 +291,10 @@ impl StateStoreService {
     fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
         let mut user_properties = vec![
             (prop::STATUS.to_owned(), prop::STATUS_OK.to_owned()),
-            (prop::PROTOCOL_VERSION.to_owned(), prop::PROTOCOL_VERSION_VALUE.to_owned()),
+            (
+                prop::PROTOCOL_VERSION.to_owned(),
+                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+            ),
         ];
         if let Some(v) = version {
             user_properties.push((prop::TIMESTAMP.to_owned(), v.to_string()));
@@ -289,11 +304,26 @@ impl StateStoreService {
 
     fn unsupported_version(&self, reply: &Reply, requested: &str) {
         let user_properties = vec![
-            (prop::STATUS.to_owned(), prop::STATUS_VERSION_NOT_SUPPORTED.to_owned()),
-            (prop::STATUS_MESSAGE.to_owned(), format!("protocol version {requested} is not supported")),
-            (prop::SUPPORTED_MAJOR_VERSIONS.to_owned(), prop::SUPPORTED_MAJOR_VERSIONS_VALUE.to_owned()),
-            (prop::REQUEST_PROTOCOL_VERSION.to_owned(), requested.to_owned()),
-            (prop::PROTOCOL_VERSION.to_owned(), prop::PROTOCOL_VERSION_VALUE.to_owned()),
+            (
+                prop::STATUS.to_owned(),
+                prop::STATUS_VERSION_NOT_SUPPORTED.to_owned(),
+            ),
+            (
+                prop::STATUS_MESSAGE.to_owned(),
+                format!("protocol version {requested} is not supported"),
+            ),
+            (
+                prop::SUPPORTED_MAJOR_VERSIONS.to_owned(),
+                prop::SUPPORTED_MAJOR_VERSIONS_VALUE.to_owned(),
+            ),
+            (
+                prop::REQUEST_PROTOCOL_VERSION.to_owned(),
+                requested.to_owned(),
+            ),
+            (
+                prop::PROTOCOL_VERSION.to_owned(),
+                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+            ),
         ];
         self.send(reply, Bytes::new(), user_properties);
     }

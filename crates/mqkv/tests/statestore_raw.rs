@@ -13,7 +13,10 @@ use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 const REQUEST_TOPIC: &str = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 fn ts(ms: u64) -> String {
@@ -104,7 +107,12 @@ impl Client {
     async fn wait_response(&mut self, correlation: &Bytes) -> Answer {
         let want = correlation.clone();
         let got = self
-            .wait_for(|p| p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()) == Some(&want))
+            .wait_for(|p| {
+                p.properties
+                    .as_ref()
+                    .and_then(|x| x.correlation_data.as_ref())
+                    == Some(&want)
+            })
             .await;
         Answer {
             payload: got.payload,
@@ -132,7 +140,8 @@ impl Client {
 
     /// A request with `__ts` = now, like the SDKs send.
     async fn call(&mut self, args: &[&[u8]]) -> Answer {
-        self.call_with(resp(args), vec![("__ts".into(), ts(now_ms()))]).await
+        self.call_with(resp(args), vec![("__ts".into(), ts(now_ms()))])
+            .await
     }
 
     async fn call_with(&mut self, payload: Vec<u8>, user: Vec<(String, String)>) -> Answer {
@@ -174,8 +183,14 @@ async fn responses_are_byte_exact_with_status_and_versions() {
     assert_eq!(&set.payload[..], b"+OK\r\n");
     assert_eq!(set.user("__stat"), Some("200"));
     assert_eq!(set.user("__protVer"), Some("1.0"));
-    assert_eq!(set.props.content_type.as_deref(), Some("application/octet-stream"));
-    let v1 = set.user("__ts").expect("SET carries the version").to_owned();
+    assert_eq!(
+        set.props.content_type.as_deref(),
+        Some("application/octet-stream")
+    );
+    let v1 = set
+        .user("__ts")
+        .expect("SET carries the version")
+        .to_owned();
 
     let get = c.call(&[b"GET", b"k"]).await;
     assert_eq!(&get.payload[..], b"$1\r\nv\r\n");
@@ -187,7 +202,11 @@ async fn responses_are_byte_exact_with_status_and_versions() {
 
     let nx = c.call(&[b"SET", b"k", b"other", b"NX"]).await;
     assert_eq!(&nx.payload[..], b":-1\r\n");
-    assert_eq!(nx.user("__ts"), Some(v1.as_str()), "not applied carries the stored version");
+    assert_eq!(
+        nx.user("__ts"),
+        Some(v1.as_str()),
+        "not applied carries the stored version"
+    );
 
     let vdel = c.call(&[b"VDEL", b"k", b"wrong"]).await;
     assert_eq!(&vdel.payload[..], b":-1\r\n");
@@ -204,27 +223,43 @@ async fn responses_are_byte_exact_with_status_and_versions() {
 async fn versions_increase_and_exceed_the_request_timestamp() {
     let server = ServerProcess::start(&[]);
     let mut c = Client::connect("raw2", server.port).await;
-    let future = now_ms() + 30_000;
-    let a = c
-        .call_with(resp(&[b"SET", b"k", b"1"]), vec![("__ts".into(), ts(future))])
-        .await;
-    let v = a.user("__ts").unwrap().to_owned();
-    let parts: Vec<&str> = v.split(':').collect();
-    assert_eq!(parts.len(), 3);
-    assert!(parts[0].parse::<u64>().unwrap() > future, "version {v} > request {future}");
-    let mut last = v.clone();
+    let parse = |s: &str| {
+        let p: Vec<&str> = s.split(':').collect();
+        assert_eq!(p.len(), 3, "{s}");
+        (
+            p[0].parse::<u64>().unwrap(),
+            p[1].parse::<u64>().unwrap(),
+            p[2].to_owned(),
+        )
+    };
+    // Sequential writes a few milliseconds apart: strictly increasing, counter 0, one node id.
+    let mut last: Option<(u64, u64, String)> = None;
     for i in 0..5 {
         let a = c.call(&[b"SET", b"k", format!("{i}").as_bytes()]).await;
-        let now = a.user("__ts").unwrap().to_owned();
-        let cmp = |s: &str| {
-            let p: Vec<&str> = s.split(':').collect();
-            (p[0].parse::<u64>().unwrap(), p[1].parse::<u64>().unwrap(), p[2].to_owned())
-        };
-        assert!(cmp(&now) > cmp(&last), "{now} > {last}");
-        assert_eq!(cmp(&now).2, cmp(&last).2, "stable node id");
-        assert_eq!(cmp(&now).1, 0, "counter stays 0 for sequential writes");
-        last = now;
+        let now = parse(a.user("__ts").unwrap());
+        if let Some(prev) = &last {
+            assert!(now > *prev, "{now:?} > {prev:?}");
+            assert_eq!(now.2, prev.2, "stable node id");
+        }
+        assert_eq!(now.1, 0, "counter stays 0 for sequential writes");
+        last = Some(now);
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // A request stamped in the future (within the allowed skew) gets a version above it.
+    let future = now_ms() + 30_000;
+    let a = c
+        .call_with(
+            resp(&[b"SET", b"k", b"f"]),
+            vec![("__ts".into(), ts(future))],
+        )
+        .await;
+    let v = parse(a.user("__ts").unwrap());
+    assert!(v.0 > future, "version {v:?} > request {future}");
+    let next = parse(c.call(&[b"SET", b"k", b"g"]).await.user("__ts").unwrap());
+    assert!(
+        next > v,
+        "versions keep increasing after the jump: {next:?} > {v:?}"
+    );
 }
 
 #[tokio::test]
@@ -289,7 +324,10 @@ async fn unsupported_protocol_version_gets_status_505() {
     let a = c
         .call_with(
             resp(&[b"GET", b"k"]),
-            vec![("__protVer".into(), "2.0".into()), ("__ts".into(), ts(now_ms()))],
+            vec![
+                ("__protVer".into(), "2.0".into()),
+                ("__ts".into(), ts(now_ms())),
+            ],
         )
         .await;
     assert_eq!(a.user("__stat"), Some("505"));
@@ -314,21 +352,35 @@ async fn notifications_reach_observers_without_a_subscription_and_before_the_res
     let version = set.user("__ts").unwrap().to_owned();
     let topic = notify_topic("watcher", b"key\x00bin");
     let n = watcher.wait_for(|p| p.topic == topic.as_bytes()).await;
-    assert_eq!(&n.payload[..], b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nval\r\n");
+    assert_eq!(
+        &n.payload[..],
+        b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$3\r\nval\r\n"
+    );
     let props = n.properties.unwrap();
     assert!(props.user_properties.contains(&("__ts".into(), version)));
     assert!(props.correlation_data.is_none());
 
     // The observer's own write: its notification comes before its response.
     let c = watcher.correlation();
-    watcher.send(resp(&[b"DEL", b"key\x00bin"]), vec![("__ts".into(), ts(now_ms()))], c.clone()).await;
+    watcher
+        .send(
+            resp(&[b"DEL", b"key\x00bin"]),
+            vec![("__ts".into(), ts(now_ms()))],
+            c.clone(),
+        )
+        .await;
     let mut order = Vec::new();
     while order.len() < 2 {
         let p = watcher.wait_for(|_| true).await;
         if p.topic == topic.as_bytes() {
             assert_eq!(&p.payload[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
             order.push("notify");
-        } else if p.properties.as_ref().and_then(|x| x.correlation_data.as_ref()) == Some(&c) {
+        } else if p
+            .properties
+            .as_ref()
+            .and_then(|x| x.correlation_data.as_ref())
+            == Some(&c)
+        {
             order.push("response");
         }
     }
@@ -339,7 +391,10 @@ async fn notifications_reach_observers_without_a_subscription_and_before_the_res
     assert_eq!(&a.payload[..], b"+OK\r\n");
     writer.call(&[b"SET", b"key\x00bin", b"again"]).await;
     let extra = watcher.drain(Duration::from_millis(500)).await;
-    assert!(extra.iter().all(|p| p.topic != topic.as_bytes()), "no notification after STOP");
+    assert!(
+        extra.iter().all(|p| p.topic != topic.as_bytes()),
+        "no notification after STOP"
+    );
 }
 
 #[tokio::test]
@@ -347,7 +402,9 @@ async fn expiry_deletes_promptly_and_notifies() {
     let server = ServerProcess::start(&[]);
     let mut c = Client::connect("exp", server.port).await;
     c.call(&[b"KEYNOTIFY", b"lease"]).await;
-    let set = c.call(&[b"SET", b"lease", b"me", b"NEX", b"PX", b"300"]).await;
+    let set = c
+        .call(&[b"SET", b"lease", b"me", b"NEX", b"PX", b"300"])
+        .await;
     assert_eq!(&set.payload[..], b"+OK\r\n");
     let topic = notify_topic("exp", b"lease");
     // The SET notification, then the DELETE from expiry.
@@ -367,12 +424,26 @@ async fn redelivered_requests_get_the_first_answer_and_apply_once() {
     let mut c = Client::connect("dedup", server.port).await;
     let corr = c.correlation();
     let req = resp(&[b"SET", b"once", b"v", b"NX"]);
-    c.send(req.clone(), vec![("__ts".into(), ts(now_ms()))], corr.clone()).await;
+    c.send(
+        req.clone(),
+        vec![("__ts".into(), ts(now_ms()))],
+        corr.clone(),
+    )
+    .await;
     let first = c.wait_response(&corr).await;
-    c.send(req.clone(), vec![("__ts".into(), ts(now_ms()))], corr.clone()).await;
+    c.send(
+        req.clone(),
+        vec![("__ts".into(), ts(now_ms()))],
+        corr.clone(),
+    )
+    .await;
     let second = c.wait_response(&corr).await;
     assert_eq!(&first.payload[..], b"+OK\r\n");
-    assert_eq!(&second.payload[..], b"+OK\r\n", "the redelivery gets the first answer");
+    assert_eq!(
+        &second.payload[..],
+        b"+OK\r\n",
+        "the redelivery gets the first answer"
+    );
     assert_eq!(first.user("__ts"), second.user("__ts"));
     // A new request (new correlation data) is judged afresh.
     let third = c.call_with(req, vec![("__ts".into(), ts(now_ms()))]).await;
@@ -383,23 +454,48 @@ async fn redelivered_requests_get_the_first_answer_and_apply_once() {
 async fn fencing_tokens_guard_writes() {
     let server = ServerProcess::start(&[]);
     let mut c = Client::connect("fence", server.port).await;
-    let lock = c.call(&[b"SET", b"lock", b"me", b"NEX", b"PX", b"10000"]).await;
+    let lock = c
+        .call(&[b"SET", b"lock", b"me", b"NEX", b"PX", b"10000"])
+        .await;
     let token = lock.user("__ts").unwrap().to_owned();
-    let with = |ft: &str| vec![("__ts".to_string(), ts(now_ms())), ("__ft".to_string(), ft.to_string())];
-    let a = c.call_with(resp(&[b"SET", b"guarded", b"1"]), with(&token)).await;
+    let with = |ft: &str| {
+        vec![
+            ("__ts".to_string(), ts(now_ms())),
+            ("__ft".to_string(), ft.to_string()),
+        ]
+    };
+    let a = c
+        .call_with(resp(&[b"SET", b"guarded", b"1"]), with(&token))
+        .await;
     assert_eq!(&a.payload[..], b"+OK\r\n");
     let a = c.call(&[b"SET", b"guarded", b"2"]).await;
-    assert_eq!(&a.payload[..], b"-ERR a fencing token is required for this request\r\n");
+    assert_eq!(
+        &a.payload[..],
+        b"-ERR a fencing token is required for this request\r\n"
+    );
     let a = c
-        .call_with(resp(&[b"SET", b"guarded", b"3"]), with("000000000000000:00000:old"))
+        .call_with(
+            resp(&[b"SET", b"guarded", b"3"]),
+            with("000000000000000:00000:old"),
+        )
         .await;
     assert_eq!(
         &a.payload[..],
         &b"-ERR the request fencing token is a lower version than the fencing token protecting the resource\r\n"[..]
     );
-    let a = c.call_with(resp(&[b"DEL", b"guarded"]), vec![("__ts".into(), ts(now_ms()))]).await;
-    assert_eq!(&a.payload[..], b"-ERR a fencing token is required for this request\r\n");
-    let a = c.call_with(resp(&[b"VDEL", b"guarded", b"x"]), with(&token)).await;
+    let a = c
+        .call_with(
+            resp(&[b"DEL", b"guarded"]),
+            vec![("__ts".into(), ts(now_ms()))],
+        )
+        .await;
+    assert_eq!(
+        &a.payload[..],
+        b"-ERR a fencing token is required for this request\r\n"
+    );
+    let a = c
+        .call_with(resp(&[b"VDEL", b"guarded", b"x"]), with(&token))
+        .await;
     assert_eq!(&a.payload[..], b":-1\r\n");
     let a = c.call_with(resp(&[b"DEL", b"guarded"]), with(&token)).await;
     assert_eq!(&a.payload[..], b":1\r\n");
@@ -413,8 +509,14 @@ async fn quotas_refuse_new_data_and_keep_what_is_stored() {
     assert_eq!(&c.call(&[b"SET", b"b", b"2"]).await.payload[..], b"+OK\r\n");
     let a = c.call(&[b"SET", b"c", b"3"]).await;
     assert_eq!(&a.payload[..], b"-ERR the quota has been exceeded\r\n");
-    assert_eq!(&c.call(&[b"SET", b"a", b"changed"]).await.payload[..], b"+OK\r\n");
-    assert_eq!(&c.call(&[b"GET", b"a"]).await.payload[..], b"$7\r\nchanged\r\n");
+    assert_eq!(
+        &c.call(&[b"SET", b"a", b"changed"]).await.payload[..],
+        b"+OK\r\n"
+    );
+    assert_eq!(
+        &c.call(&[b"GET", b"a"]).await.payload[..],
+        b"$7\r\nchanged\r\n"
+    );
     assert_eq!(&c.call(&[b"GET", b"b"]).await.payload[..], b"$1\r\n2\r\n");
     server.assert_alive();
 }
@@ -425,7 +527,10 @@ async fn large_keys_and_values_and_empty_values() {
     let mut c = Client::connect("big", server.port).await;
     let key = vec![0u8; 6500];
     let value = vec![0xABu8; 1 << 20];
-    assert_eq!(&c.call(&[b"SET", &key, &value]).await.payload[..], b"+OK\r\n");
+    assert_eq!(
+        &c.call(&[b"SET", &key, &value]).await.payload[..],
+        b"+OK\r\n"
+    );
     let got = c.call(&[b"GET", &key]).await;
     let mut want = format!("${}\r\n", value.len()).into_bytes();
     want.extend_from_slice(&value);
@@ -445,7 +550,13 @@ async fn unanswerable_and_reserved_topic_requests() {
         ..Default::default()
     };
     c.client
-        .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, resp(&[b"GET", b"k"]), props)
+        .publish_with_properties(
+            REQUEST_TOPIC,
+            QoS::AtLeastOnce,
+            false,
+            resp(&[b"GET", b"k"]),
+            props,
+        )
         .await
         .unwrap();
     let got = c.drain(Duration::from_millis(500)).await;
@@ -461,20 +572,32 @@ async fn unanswerable_and_reserved_topic_requests() {
         ..Default::default()
     };
     c.client
-        .publish_with_properties(REQUEST_TOPIC, QoS::AtLeastOnce, false, resp(&[b"GET", b"k"]), props)
+        .publish_with_properties(
+            REQUEST_TOPIC,
+            QoS::AtLeastOnce,
+            false,
+            resp(&[b"GET", b"k"]),
+            props,
+        )
         .await
         .unwrap();
-    let disconnected = tokio::time::timeout(TIMEOUT, async {
+    let reason = tokio::time::timeout(TIMEOUT, async {
         loop {
             match c.el.poll().await {
-                Ok(Event::Incoming(Packet::Disconnect(d))) => return Some(d.reason_code),
                 Ok(_) => {}
+                Err(rumqttc::v5::ConnectionError::MqttState(
+                    rumqttc::v5::StateError::ServerDisconnect { reason_code, .. },
+                )) => return Some(reason_code),
                 Err(_) => return None,
             }
         }
     })
     .await
     .expect("disconnected in time");
-    assert!(disconnected.is_some(), "got a DISCONNECT packet");
+    assert_eq!(
+        reason,
+        Some(rumqttc::v5::mqttbytes::v5::DisconnectReasonCode::NotAuthorized),
+        "DISCONNECT 0x87"
+    );
     server.assert_alive();
 }
