@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     next_conn_id: AtomicU64,
     pub shutdown: watch::Sender<bool>,
     pub live_connections: AtomicUsize,
+    /// Bumped on every change worth saving (see `Broker::changes`).
+    pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
 }
 
@@ -76,6 +78,7 @@ impl Broker {
                 next_conn_id: AtomicU64::new(1),
                 shutdown,
                 live_connections: AtomicUsize::new(0),
+                changes: AtomicU64::new(0),
                 connection_closed: tokio::sync::Notify::new(),
             }),
         };
@@ -187,6 +190,22 @@ impl Broker {
         session.close(connection_id, Some(reason_code))
     }
 
+    /// A counter that moves whenever retained messages or persistent sessions change, so a
+    /// saver can skip writing when nothing happened.
+    pub fn changes(&self) -> u64 {
+        self.inner.changes.load(Ordering::Relaxed)
+    }
+
+    /// Retained messages and persistent sessions as plain data.
+    pub fn export_state(&self) -> crate::persist::BrokerState {
+        self.inner.export_state()
+    }
+
+    /// Loads saved state; call before binding listeners.
+    pub fn import_state(&self, state: crate::persist::BrokerState) -> Result<(), crate::persist::ImportError> {
+        self.inner.import_state(state)
+    }
+
     /// Number of connected clients.
     pub fn connection_count(&self) -> usize {
         self.inner.live_connections.load(Ordering::Relaxed)
@@ -243,15 +262,30 @@ impl Inner {
         }
     }
 
+    pub fn touch(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Stores (or, with an empty payload, clears) the retained message of a topic.
+    pub fn retain(&self, msg: Arc<Message>) {
+        let mut retained = self.retained.write();
+        if msg.payload.is_empty() {
+            retained.remove(&msg.topic);
+        } else {
+            retained.insert(msg.topic.clone(), msg);
+        }
+        self.touch();
+    }
+
+    /// Every retained message.
+    pub fn retained_all(&self) -> Vec<Arc<Message>> {
+        self.retained.read().values().cloned().collect()
+    }
+
     /// Routes a message to every matching subscription and updates the retained store.
     pub fn route(&self, msg: Arc<Message>) -> usize {
         if msg.retain {
-            let mut retained = self.retained.write();
-            if msg.payload.is_empty() {
-                retained.remove(&msg.topic);
-            } else {
-                retained.insert(msg.topic.clone(), msg.clone());
-            }
+            self.retain(msg.clone());
         }
         let mut targets: Vec<(Arc<Session>, Delivery)> = Vec::new();
         {
@@ -321,6 +355,9 @@ impl Inner {
         }
         let limits = self.queue_limits();
         let n = targets.len();
+        if n > 0 {
+            self.touch();
+        }
         for (session, d) in targets {
             if session.enqueue(d, limits) == Enqueued::Dropped {
                 tracing::debug!(client_id = %session.client_id, "queue full: message dropped");
@@ -403,6 +440,7 @@ impl Inner {
             // Resuming within the will delay cancels the will.
             st.pending_will = None;
         }
+        self.touch();
         Attached {
             session,
             session_present: present,
@@ -458,6 +496,7 @@ impl Inner {
         let mut subs = self.subs.write();
         let removed = subs.remove(spec.filter, spec.group, &session.client_id);
         session.state.lock().subscriptions.remove(filter);
+        self.touch();
         removed
     }
 
@@ -465,6 +504,7 @@ impl Inner {
     /// delay and the session's fate decide.
     pub fn detach(&self, session: &Arc<Session>, conn_id: u64, will: Option<(Arc<Message>, u32)>) {
         let now = Instant::now();
+        self.touch();
         let mut sessions = self.sessions.lock();
         let mut st = session.state.lock();
         let ours = st.link.as_ref().is_some_and(|l| l.conn_id == conn_id);
@@ -544,6 +584,9 @@ impl Inner {
             });
             for s in &ended {
                 self.drop_subscriptions(s);
+            }
+            if !ended.is_empty() {
+                self.touch();
             }
         }
         for w in wills {

@@ -447,6 +447,12 @@ impl Conn {
                 Ok(None) => return Ok(None),
                 Err(e) => return Err(Violation(e.reason_code())),
             };
+            if matches!(
+                packet,
+                Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubRel(_) | Packet::PubComp(_)
+            ) {
+                self.inner.touch();
+            }
             match packet {
                 Packet::Publish(p) => self.publish(p).await?,
                 Packet::PubAck(a) | Packet::PubComp(a) => {

@@ -11,6 +11,7 @@ mod broker;
 pub mod codec;
 pub mod config;
 mod connection;
+pub mod persist;
 pub mod service;
 mod session;
 pub mod subtree;

@@ -56,7 +56,7 @@ pub struct Delivery {
 }
 
 #[derive(Debug)]
-enum Inflight {
+pub(crate) enum Inflight {
     /// QoS 1 waiting for PUBACK, or QoS 2 waiting for PUBREC.
     Publish(Delivery),
     /// QoS 2 after PUBREC, waiting for PUBCOMP.
@@ -114,10 +114,10 @@ pub struct PendingWill {
 pub struct SessionState {
     /// Subscriptions by the filter string as the client sent it (including `$share/...`).
     pub subscriptions: HashMap<String, (SubscriptionOptions, Option<u32>)>,
-    queue: VecDeque<Delivery>,
-    inflight: VecDeque<(u16, Inflight)>,
+    pub(crate) queue: VecDeque<Delivery>,
+    pub(crate) inflight: VecDeque<(u16, Inflight)>,
     pub incoming_qos2: HashSet<u16>,
-    next_packet_id: u16,
+    pub(crate) next_packet_id: u16,
     pub link: Option<Link>,
     /// Session expiry interval in seconds; `u32::MAX` never expires.
     pub expiry_interval: u32,

@@ -13,6 +13,8 @@ pub enum StorageKind {
     /// In memory only: everything is gone when the process ends.
     #[default]
     Memory,
+    /// In the data directory: survives restarts and crashes.
+    Disk,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,6 +50,9 @@ pub struct ServerConfig {
     pub storage: StorageKind,
     pub broker: BrokerConfig,
     pub state_store: StateStoreConfig,
+    /// How often changed broker state (retained messages, persistent sessions) is saved, in
+    /// milliseconds; the most a crash can lose of it.
+    pub persist_interval_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -58,6 +63,7 @@ impl Default for ServerConfig {
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),
             state_store: StateStoreConfig::default(),
+            persist_interval_ms: 1000,
         }
     }
 }

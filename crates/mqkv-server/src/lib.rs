@@ -1,6 +1,7 @@
 //! The mqkv server: configuration, the broker, and the state store service wired together.
 
 pub mod config;
+pub mod persistence;
 pub mod statestore;
 
 use std::net::SocketAddr;
@@ -15,10 +16,15 @@ pub struct Server {
     pub broker: Broker,
     /// The bound listener addresses, in configuration order.
     pub listeners: Vec<SocketAddr>,
+    saver: Option<persistence::Saver>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error(transparent)]
+    Persist(#[from] persistence::PersistError),
+    #[error("cannot load broker state: {0}")]
+    Import(#[from] mqkv_broker::persist::ImportError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -30,6 +36,22 @@ impl Server {
     /// Starts the broker and its services and binds every listener.
     pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
         let broker = Broker::new(config.broker.clone());
+        let saver = match config.storage {
+            StorageKind::Memory => None,
+            StorageKind::Disk => {
+                let (store, state) = persistence::BrokerStore::open(&config.data_dir)?;
+                if let Some(state) = state {
+                    tracing::info!(
+                        retained = state.retained.len(),
+                        sessions = state.sessions.len(),
+                        "broker state loaded"
+                    );
+                    broker.import_state(state)?;
+                }
+                let interval = Duration::from_millis(config.persist_interval_ms.max(10));
+                Some(persistence::Saver::start(store, broker.clone(), interval))
+            }
+        };
         let store = &config.state_store;
         let mut store_config = mqkv_store::StoreConfig::new(store.node_id.clone());
         store_config.max_keys = store.max_keys;
@@ -47,11 +69,20 @@ impl Server {
                 })?;
             listeners.push(bound);
         }
-        Ok(Server { broker, listeners })
+        Ok(Server {
+            broker,
+            listeners,
+            saver,
+        })
     }
 
     /// Disconnects every client with reason 0x8B and stops.
     pub async fn shutdown(self) {
         self.broker.shutdown(Duration::from_secs(5)).await;
+        if let Some(saver) = self.saver {
+            if let Err(e) = saver.finish().await {
+                tracing::error!(error = %e, "saving broker state at shutdown failed");
+            }
+        }
     }
 }

@@ -36,7 +36,7 @@ struct ServeArgs {
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Storage: `memory` (nothing is kept after exit).
+    /// Storage: `disk` (the data directory; default) or `memory` (nothing is kept after exit).
     #[arg(long, value_parser = parse_storage)]
     storage: Option<StorageKind>,
     /// Largest packet accepted from clients, in bytes.
@@ -74,7 +74,8 @@ struct ServeArgs {
 fn parse_storage(s: &str) -> Result<StorageKind, String> {
     match s {
         "memory" => Ok(StorageKind::Memory),
-        other => Err(format!("unknown storage '{other}' (expected: memory)")),
+        "disk" => Ok(StorageKind::Disk),
+        other => Err(format!("unknown storage '{other}' (expected: disk, memory)")),
     }
 }
 

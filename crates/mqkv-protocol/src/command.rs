@@ -1,0 +1,762 @@
+//! Request payloads: parsing what clients publish, and encoding it the way
+//! the SDKs do.
+//!
+//! Invariants:
+//! - Any payload either parses into a [`Command`] or yields exactly one of
+//!   the documented `-ERR` kinds; nothing panics, whatever the bytes.
+//! - `parse_request(&cmd.encode()) == Ok(cmd)` for every command whose key
+//!   (or pattern) is non-empty and whose PX, if any, is positive.
+
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::hlc::parse_decimal;
+use crate::resp::{bulk_len, put_array_header, put_bulk, Reader};
+use crate::ErrorKind;
+
+/// SET condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SetCondition {
+    /// Set only if the key does not exist.
+    Nx,
+    /// Set only if the key does not exist or already holds the SET's own
+    /// value. Takes no argument on the wire, whatever the article shows.
+    Nex,
+}
+
+/// One state store request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Command {
+    /// `SET key value [NX|NEX] [PX ms]`
+    Set {
+        key: Bytes,
+        value: Bytes,
+        condition: Option<SetCondition>,
+        /// Time to live in milliseconds, always > 0.
+        px_ms: Option<u64>,
+    },
+    /// `GET key`
+    Get { key: Bytes },
+    /// `DEL key`
+    Del { key: Bytes },
+    /// `VDEL key value`: delete only if the stored value equals `value`.
+    VDel { key: Bytes, value: Bytes },
+    /// `KEYNOTIFY key [STOP]`
+    KeyNotify { key: Bytes, stop: bool },
+    /// `SCAN pattern [token]`
+    Scan {
+        pattern: Bytes,
+        token: Option<Bytes>,
+    },
+}
+
+impl Command {
+    /// The verb as sent on the wire.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Command::Set { .. } => "SET",
+            Command::Get { .. } => "GET",
+            Command::Del { .. } => "DEL",
+            Command::VDel { .. } => "VDEL",
+            Command::KeyNotify { .. } => "KEYNOTIFY",
+            Command::Scan { .. } => "SCAN",
+        }
+    }
+
+    /// The key this command is about (the pattern for SCAN).
+    pub fn key(&self) -> &Bytes {
+        match self {
+            Command::Set { key, .. }
+            | Command::Get { key }
+            | Command::Del { key }
+            | Command::VDel { key, .. }
+            | Command::KeyNotify { key, .. } => key,
+            Command::Scan { pattern, .. } => pattern,
+        }
+    }
+
+    /// True for the commands that change the keyspace and so go through the
+    /// replicated log (SET, DEL, VDEL). These are also the ones `__ft`
+    /// applies to.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self,
+            Command::Set { .. } | Command::Del { .. } | Command::VDel { .. }
+        )
+    }
+
+    /// Encodes the request exactly as the SDKs do: upper-case verb and
+    /// options, condition before PX, PX in integer milliseconds.
+    pub fn encode(&self) -> Bytes {
+        // PX is the only argument not borrowed from `self`, so its text
+        // lives here, outside the argument list that borrows it.
+        let px = match self {
+            Command::Set {
+                px_ms: Some(ms), ..
+            } => ms.to_string(),
+            _ => String::new(),
+        };
+        let args: Vec<&[u8]> = match self {
+            Command::Set {
+                key,
+                value,
+                condition,
+                px_ms,
+            } => {
+                let mut args: Vec<&[u8]> = vec![b"SET", key, value];
+                match condition {
+                    Some(SetCondition::Nx) => args.push(b"NX"),
+                    Some(SetCondition::Nex) => args.push(b"NEX"),
+                    None => {}
+                }
+                if px_ms.is_some() {
+                    args.push(b"PX");
+                    args.push(px.as_bytes());
+                }
+                args
+            }
+            Command::Get { key } => vec![b"GET", key],
+            Command::Del { key } => vec![b"DEL", key],
+            Command::VDel { key, value } => vec![b"VDEL", key, value],
+            Command::KeyNotify { key, stop } => {
+                let mut args: Vec<&[u8]> = vec![b"KEYNOTIFY", key];
+                if *stop {
+                    args.push(b"STOP");
+                }
+                args
+            }
+            Command::Scan { pattern, token } => {
+                let mut args: Vec<&[u8]> = vec![b"SCAN", pattern];
+                if let Some(token) = token {
+                    args.push(token);
+                }
+                args
+            }
+        };
+        let size = 16 + args.iter().map(|a| bulk_len(a)).sum::<usize>();
+        let mut out = BytesMut::with_capacity(size);
+        put_array_header(&mut out, args.len());
+        for arg in &args {
+            put_bulk(&mut out, arg);
+        }
+        out.freeze()
+    }
+}
+
+/// Parses a request payload, copying the keys and values out of it.
+/// Prefer [`parse_request_bytes`] when the payload is already a [`Bytes`].
+pub fn parse_request(payload: &[u8]) -> Result<Command, ErrorKind> {
+    parse_request_bytes(&Bytes::copy_from_slice(payload))
+}
+
+/// Parses a request payload; keys and values are zero-copy slices of it.
+///
+/// Error precedence: framing (`syntax error`), then the verb
+/// (`unknown command`), then the argument count (`wrong number of
+/// arguments`), then an empty key or pattern (`the key length is zero`),
+/// then options (`syntax error`).
+pub fn parse_request_bytes(payload: &Bytes) -> Result<Command, ErrorKind> {
+    let ranges = Reader::whole_bulk_array(payload).map_err(|_| ErrorKind::SyntaxError)?;
+    let mut args = ranges.into_iter().map(|range| payload.slice(range));
+    // `whole_bulk_array` refuses empty arrays, so the verb is present.
+    let verb = args.next().ok_or(ErrorKind::SyntaxError)?;
+    let args: Vec<Bytes> = args.collect();
+    match Verb::parse(&verb)? {
+        Verb::Set => parse_set(args),
+        Verb::Get => one_key(args).map(|key| Command::Get { key }),
+        Verb::Del => one_key(args).map(|key| Command::Del { key }),
+        Verb::VDel => parse_vdel(args),
+        Verb::KeyNotify => parse_keynotify(args),
+        Verb::Scan => parse_scan(args),
+    }
+}
+
+enum Verb {
+    Set,
+    Get,
+    Del,
+    VDel,
+    KeyNotify,
+    Scan,
+}
+
+impl Verb {
+    /// The SDKs send upper case; the article's examples are lower case.
+    /// Accepting any case costs nothing and breaks no client.
+    fn parse(verb: &[u8]) -> Result<Verb, ErrorKind> {
+        const VERBS: [(&[u8], Verb); 6] = [
+            (b"SET", Verb::Set),
+            (b"GET", Verb::Get),
+            (b"DEL", Verb::Del),
+            (b"VDEL", Verb::VDel),
+            (b"KEYNOTIFY", Verb::KeyNotify),
+            (b"SCAN", Verb::Scan),
+        ];
+        VERBS
+            .into_iter()
+            .find(|(name, _)| verb.eq_ignore_ascii_case(name))
+            .map(|(_, verb)| verb)
+            .ok_or(ErrorKind::UnknownCommand)
+    }
+}
+
+fn non_empty(key: Bytes) -> Result<Bytes, ErrorKind> {
+    if key.is_empty() {
+        Err(ErrorKind::KeyLengthZero)
+    } else {
+        Ok(key)
+    }
+}
+
+fn one_key(args: Vec<Bytes>) -> Result<Bytes, ErrorKind> {
+    match <[Bytes; 1]>::try_from(args) {
+        Ok([key]) => non_empty(key),
+        Err(_) => Err(ErrorKind::WrongNumberOfArguments),
+    }
+}
+
+fn parse_vdel(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
+    match <[Bytes; 2]>::try_from(args) {
+        Ok([key, value]) => Ok(Command::VDel {
+            key: non_empty(key)?,
+            value,
+        }),
+        Err(_) => Err(ErrorKind::WrongNumberOfArguments),
+    }
+}
+
+fn parse_keynotify(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
+    let mut args = args.into_iter();
+    let (Some(key), option, None) = (args.next(), args.next(), args.next()) else {
+        return Err(ErrorKind::WrongNumberOfArguments);
+    };
+    let key = non_empty(key)?;
+    let stop = match option {
+        None => false,
+        Some(option) if option.eq_ignore_ascii_case(b"STOP") => true,
+        Some(_) => return Err(ErrorKind::SyntaxError),
+    };
+    Ok(Command::KeyNotify { key, stop })
+}
+
+fn parse_scan(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
+    let mut args = args.into_iter();
+    let (Some(pattern), token, None) = (args.next(), args.next(), args.next()) else {
+        return Err(ErrorKind::WrongNumberOfArguments);
+    };
+    Ok(Command::Scan {
+        pattern: non_empty(pattern)?,
+        token,
+    })
+}
+
+/// `SET key value` followed by options in any order (Redis accepts any
+/// order, the SDKs send condition then PX). Each option at most once; NX
+/// and NEX exclude each other.
+fn parse_set(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
+    let mut args = args.into_iter();
+    let (Some(key), Some(value)) = (args.next(), args.next()) else {
+        return Err(ErrorKind::WrongNumberOfArguments);
+    };
+    let key = non_empty(key)?;
+    let mut condition = None;
+    let mut px_ms = None;
+    while let Some(option) = args.next() {
+        if option.eq_ignore_ascii_case(b"NX") || option.eq_ignore_ascii_case(b"NEX") {
+            if condition.is_some() {
+                return Err(ErrorKind::SyntaxError);
+            }
+            condition = Some(if option.len() == 2 {
+                SetCondition::Nx
+            } else {
+                SetCondition::Nex
+            });
+        } else if option.eq_ignore_ascii_case(b"PX") {
+            if px_ms.is_some() {
+                return Err(ErrorKind::SyntaxError);
+            }
+            let ms = args.next().ok_or(ErrorKind::SyntaxError)?;
+            px_ms = Some(parse_px(&ms).ok_or(ErrorKind::SyntaxError)?);
+        } else {
+            return Err(ErrorKind::SyntaxError);
+        }
+    }
+    Ok(Command::Set {
+        key,
+        value,
+        condition,
+        px_ms,
+    })
+}
+
+/// PX milliseconds: a positive integer, or a decimal with `.` or `,` as the
+/// separator, truncated toward zero. .NET formats `TimeSpan.TotalMilliseconds`
+/// (a double) with the current culture, so `1500.5` and `1500,5` do occur.
+/// Zero after truncation, signs, exponents and empty parts are refused.
+fn parse_px(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?;
+    let integral = match text.split_once(['.', ',']) {
+        Some((integral, fraction)) => {
+            if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            integral
+        }
+        None => text,
+    };
+    parse_decimal(integral).filter(|&ms| ms > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn b(s: &'static [u8]) -> Bytes {
+        Bytes::from_static(s)
+    }
+
+    /// Builds a request payload the way a client would.
+    fn req(args: &[&[u8]]) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        put_array_header(&mut out, args.len());
+        for arg in args {
+            put_bulk(&mut out, arg);
+        }
+        out.to_vec()
+    }
+
+    fn set(key: &'static [u8], value: &'static [u8]) -> Command {
+        Command::Set {
+            key: b(key),
+            value: b(value),
+            condition: None,
+            px_ms: None,
+        }
+    }
+
+    #[test]
+    fn wire_compat_sdk_examples() {
+        assert_eq!(
+            parse_request(b"*4\r\n$3\r\nSET\r\n$7\r\ntestkey\r\n$9\r\ntestvalue\r\n$2\r\nNX\r\n"),
+            Ok(Command::Set {
+                key: b(b"testkey"),
+                value: b(b"testvalue"),
+                condition: Some(SetCondition::Nx),
+                px_ms: None,
+            })
+        );
+        assert_eq!(
+            parse_request(b"*2\r\n$3\r\nGET\r\n$5\r\nnokey\r\n"),
+            Ok(Command::Get { key: b(b"nokey") })
+        );
+        assert_eq!(
+            parse_request(b"*3\r\n$9\r\nKEYNOTIFY\r\n$1\r\nk\r\n$4\r\nSTOP\r\n"),
+            Ok(Command::KeyNotify {
+                key: b(b"k"),
+                stop: true
+            })
+        );
+        assert_eq!(
+            parse_request(b"*2\r\n$4\r\nSCAN\r\n$4\r\nkey*\r\n"),
+            Ok(Command::Scan {
+                pattern: b(b"key*"),
+                token: None
+            })
+        );
+    }
+
+    #[test]
+    fn article_lower_case_examples() {
+        assert_eq!(
+            parse_request(b"*3\r\n$3\r\nset\r\n$7\r\nSETKEY2\r\n$6\r\nVALUE5\r\n"),
+            Ok(set(b"SETKEY2", b"VALUE5"))
+        );
+        assert_eq!(
+            parse_request(b"*2\r\n$3\r\nget\r\n$7\r\nSETKEY2\r\n"),
+            Ok(Command::Get { key: b(b"SETKEY2") })
+        );
+        assert_eq!(
+            parse_request(b"*2\r\n$3\r\ndel\r\n$7\r\nSETKEY2\r\n"),
+            Ok(Command::Del { key: b(b"SETKEY2") })
+        );
+        assert_eq!(
+            parse_request(b"*3\r\n$4\r\nvdel\r\n$7\r\nSETKEY2\r\n$3\r\nABC\r\n"),
+            Ok(Command::VDel {
+                key: b(b"SETKEY2"),
+                value: b(b"ABC")
+            })
+        );
+        assert_eq!(
+            parse_request(&req(&[b"KeyNotify", b"k", b"sToP"])),
+            Ok(Command::KeyNotify {
+                key: b(b"k"),
+                stop: true
+            })
+        );
+    }
+
+    #[test]
+    fn keys_and_values_are_binary_safe() {
+        let key: &[u8] = b"\x00\r\n\xff";
+        let value: &[u8] = b"\r\n$3\r\n*";
+        assert_eq!(
+            parse_request(&req(&[b"SET", key, value])),
+            Ok(Command::Set {
+                key: Bytes::from_static(key),
+                value: Bytes::from_static(value),
+                condition: None,
+                px_ms: None,
+            })
+        );
+    }
+
+    #[test]
+    fn empty_value_and_large_key_are_legal() {
+        assert_eq!(
+            parse_request(&req(&[b"SET", b"k", b""])),
+            Ok(set(b"k", b""))
+        );
+        let key = vec![0u8; 6_500];
+        let value = vec![7u8; 65_000];
+        let cmd = parse_request(&req(&[b"SET", &key, &value])).unwrap();
+        assert_eq!(cmd.key().len(), 6_500);
+    }
+
+    #[test]
+    fn parse_bytes_is_zero_copy() {
+        let payload = Bytes::from(req(&[b"GET", b"the-key"]));
+        let Command::Get { key } = parse_request_bytes(&payload).unwrap() else {
+            panic!("not a GET");
+        };
+        let range = payload.as_ptr_range();
+        assert!(
+            range.contains(&key.as_ptr()),
+            "key must point into the payload"
+        );
+    }
+
+    #[test]
+    fn unknown_and_malformed() {
+        assert_eq!(
+            parse_request(&req(&[b"MGET", b"k"])),
+            Err(ErrorKind::UnknownCommand)
+        );
+        assert_eq!(parse_request(&req(&[b""])), Err(ErrorKind::UnknownCommand));
+        assert_eq!(
+            parse_request(&req(&[b"GETX", b"k"])),
+            Err(ErrorKind::UnknownCommand)
+        );
+        assert_eq!(parse_request(b"*0\r\n"), Err(ErrorKind::SyntaxError));
+        assert_eq!(parse_request(b""), Err(ErrorKind::SyntaxError));
+        assert_eq!(parse_request(b"GET k\r\n"), Err(ErrorKind::SyntaxError));
+        assert_eq!(parse_request(b"+OK\r\n"), Err(ErrorKind::SyntaxError));
+        assert_eq!(
+            parse_request(b"*2\r\n$3\r\nGET\r\n$5\r\nk\r\n"),
+            Err(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            parse_request(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n\r\n"),
+            Err(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            parse_request(b"*3\r\n$3\r\nGET\r\n$1\r\nk\r\n"),
+            Err(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            parse_request(b"*999999999999\r\n$3\r\nGET\r\n"),
+            Err(ErrorKind::SyntaxError)
+        );
+    }
+
+    #[test]
+    fn wrong_number_of_arguments() {
+        use ErrorKind::WrongNumberOfArguments as W;
+        let cases: &[&[&[u8]]] = &[
+            &[b"GET"],
+            &[b"GET", b"a", b"b"],
+            &[b"DEL"],
+            &[b"DEL", b"a", b"b"],
+            &[b"SET"],
+            &[b"SET", b"k"],
+            &[b"VDEL"],
+            &[b"VDEL", b"k"],
+            &[b"VDEL", b"k", b"v", b"x"],
+            &[b"KEYNOTIFY"],
+            &[b"KEYNOTIFY", b"k", b"STOP", b"x"],
+            &[b"SCAN"],
+            &[b"SCAN", b"*", b"t", b"x"],
+        ];
+        for args in cases {
+            assert_eq!(parse_request(&req(args)), Err(W), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn empty_key_is_key_length_zero() {
+        use ErrorKind::KeyLengthZero as Z;
+        assert_eq!(parse_request(b"*2\r\n$3\r\nGET\r\n$0\r\n\r\n"), Err(Z));
+        assert_eq!(parse_request(&req(&[b"SET", b"", b"v"])), Err(Z));
+        assert_eq!(parse_request(&req(&[b"DEL", b""])), Err(Z));
+        assert_eq!(parse_request(&req(&[b"VDEL", b"", b"v"])), Err(Z));
+        assert_eq!(parse_request(&req(&[b"KEYNOTIFY", b""])), Err(Z));
+        assert_eq!(parse_request(&req(&[b"SCAN", b""])), Err(Z));
+        // The argument count is checked first.
+        assert_eq!(
+            parse_request(&req(&[b"GET", b"", b""])),
+            Err(ErrorKind::WrongNumberOfArguments)
+        );
+        // An empty key beats a bad option.
+        assert_eq!(parse_request(&req(&[b"SET", b"", b"v", b"XX"])), Err(Z));
+    }
+
+    #[test]
+    fn keynotify_option_must_be_stop() {
+        assert_eq!(
+            parse_request(&req(&[b"KEYNOTIFY", b"k", b"STAP"])),
+            Err(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            parse_request(&req(&[b"KEYNOTIFY", b"k"])),
+            Ok(Command::KeyNotify {
+                key: b(b"k"),
+                stop: false
+            })
+        );
+    }
+
+    #[test]
+    fn scan_token_is_opaque_binary() {
+        assert_eq!(
+            parse_request(&req(&[b"SCAN", b"*", b"\x00\xffx"])),
+            Ok(Command::Scan {
+                pattern: b(b"*"),
+                token: Some(b(b"\x00\xffx"))
+            })
+        );
+    }
+
+    #[test]
+    fn set_options_in_any_order_and_case() {
+        let expect = |condition, px_ms| Command::Set {
+            key: b(b"k"),
+            value: b(b"v"),
+            condition,
+            px_ms,
+        };
+        let cases: &[(&[&[u8]], Command)] = &[
+            (
+                &[b"SET", b"k", b"v", b"NEX"],
+                expect(Some(SetCondition::Nex), None),
+            ),
+            (
+                &[b"SET", b"k", b"v", b"nx"],
+                expect(Some(SetCondition::Nx), None),
+            ),
+            (&[b"SET", b"k", b"v", b"PX", b"10"], expect(None, Some(10))),
+            (
+                &[b"SET", b"k", b"v", b"NEX", b"PX", b"2000"],
+                expect(Some(SetCondition::Nex), Some(2000)),
+            ),
+            (
+                &[b"SET", b"k", b"v", b"px", b"2000", b"Nex"],
+                expect(Some(SetCondition::Nex), Some(2000)),
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"1500.5", b"NX"],
+                expect(Some(SetCondition::Nx), Some(1500)),
+            ),
+            (
+                &[b"SET", b"k", b"v", b"PX", b"1500,999"],
+                expect(None, Some(1500)),
+            ),
+            (&[b"SET", b"k", b"v", b"PX", b"0007"], expect(None, Some(7))),
+            (&[b"SET", b"k", b"v", b"PX", b"1.0"], expect(None, Some(1))),
+        ];
+        for (args, want) in cases {
+            assert_eq!(parse_request(&req(args)).as_ref(), Ok(want), "{args:?}");
+        }
+    }
+
+    #[test]
+    fn set_option_errors() {
+        let cases: &[&[&[u8]]] = &[
+            &[b"SET", b"k", b"v", b"NX", b"NEX"],
+            &[b"SET", b"k", b"v", b"NEX", b"NX"],
+            &[b"SET", b"k", b"v", b"NX", b"NX"],
+            &[b"SET", b"k", b"v", b"PX", b"1", b"PX", b"2"],
+            &[b"SET", b"k", b"v", b"PX"],
+            &[b"SET", b"k", b"v", b"NX", b"PX"],
+            &[b"SET", b"k", b"v", b"PX", b"0"],
+            &[b"SET", b"k", b"v", b"PX", b"0.9"],
+            &[b"SET", b"k", b"v", b"PX", b"-5"],
+            &[b"SET", b"k", b"v", b"PX", b"+5"],
+            &[b"SET", b"k", b"v", b"PX", b"abc"],
+            &[b"SET", b"k", b"v", b"PX", b""],
+            &[b"SET", b"k", b"v", b"PX", b"1e3"],
+            &[b"SET", b"k", b"v", b"PX", b"1."],
+            &[b"SET", b"k", b"v", b"PX", b".5"],
+            &[b"SET", b"k", b"v", b"PX", b"1.5.5"],
+            &[b"SET", b"k", b"v", b"PX", b"1,5,5"],
+            &[b"SET", b"k", b"v", b"PX", b" 5"],
+            &[b"SET", b"k", b"v", b"PX", b"99999999999999999999999"],
+            &[b"SET", b"k", b"v", b"PX", b"\xff"],
+            &[b"SET", b"k", b"v", b"EX", b"5"],
+            &[b"SET", b"k", b"v", b"XX"],
+            &[b"SET", b"k", b"v", b"NEX", b"v"],
+            &[b"SET", b"k", b"v", b"GET"],
+        ];
+        for args in cases {
+            assert_eq!(
+                parse_request(&req(args)),
+                Err(ErrorKind::SyntaxError),
+                "{args:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn encode_matches_sdk_bytes() {
+        let cmd = Command::Set {
+            key: b(b"testkey"),
+            value: b(b"testvalue"),
+            condition: Some(SetCondition::Nx),
+            px_ms: None,
+        };
+        assert_eq!(
+            &cmd.encode()[..],
+            b"*4\r\n$3\r\nSET\r\n$7\r\ntestkey\r\n$9\r\ntestvalue\r\n$2\r\nNX\r\n"
+        );
+        let cmd = Command::Set {
+            key: b(b"lock"),
+            value: b(b"me"),
+            condition: Some(SetCondition::Nex),
+            px_ms: Some(10_000),
+        };
+        assert_eq!(
+            &cmd.encode()[..],
+            b"*6\r\n$3\r\nSET\r\n$4\r\nlock\r\n$2\r\nme\r\n$3\r\nNEX\r\n$2\r\nPX\r\n$5\r\n10000\r\n"
+        );
+        let cmd = Command::Set {
+            key: b(b"k"),
+            value: b(b""),
+            condition: None,
+            px_ms: Some(5),
+        };
+        assert_eq!(
+            &cmd.encode()[..],
+            b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n$2\r\nPX\r\n$1\r\n5\r\n"
+        );
+        assert_eq!(
+            &Command::Get { key: b(b"k") }.encode()[..],
+            b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+        );
+        assert_eq!(
+            &Command::Del { key: b(b"k") }.encode()[..],
+            b"*2\r\n$3\r\nDEL\r\n$1\r\nk\r\n"
+        );
+        assert_eq!(
+            &Command::VDel {
+                key: b(b"k"),
+                value: b(b"v")
+            }
+            .encode()[..],
+            b"*3\r\n$4\r\nVDEL\r\n$1\r\nk\r\n$1\r\nv\r\n"
+        );
+        assert_eq!(
+            &Command::KeyNotify {
+                key: b(b"k"),
+                stop: false
+            }
+            .encode()[..],
+            b"*2\r\n$9\r\nKEYNOTIFY\r\n$1\r\nk\r\n"
+        );
+        assert_eq!(
+            &Command::KeyNotify {
+                key: b(b"k"),
+                stop: true
+            }
+            .encode()[..],
+            b"*3\r\n$9\r\nKEYNOTIFY\r\n$1\r\nk\r\n$4\r\nSTOP\r\n"
+        );
+        assert_eq!(
+            &Command::Scan {
+                pattern: b(b"k*"),
+                token: Some(b(b"\x00\xff"))
+            }
+            .encode()[..],
+            b"*3\r\n$4\r\nSCAN\r\n$2\r\nk*\r\n$2\r\n\x00\xff\r\n"
+        );
+    }
+
+    #[test]
+    fn verbs_and_write_flag() {
+        assert!(set(b"k", b"v").is_write());
+        assert!(Command::Del { key: b(b"k") }.is_write());
+        assert!(!Command::Get { key: b(b"k") }.is_write());
+        assert!(!Command::KeyNotify {
+            key: b(b"k"),
+            stop: false
+        }
+        .is_write());
+        assert_eq!(set(b"k", b"v").verb(), "SET");
+        assert_eq!(
+            Command::Scan {
+                pattern: b(b"p"),
+                token: None
+            }
+            .key(),
+            &b(b"p")
+        );
+    }
+
+    fn arb_bytes(min: usize) -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), min..24).prop_map(Bytes::from)
+    }
+
+    pub(crate) fn arb_command() -> impl Strategy<Value = Command> {
+        let condition =
+            proptest::option::of(prop_oneof![Just(SetCondition::Nx), Just(SetCondition::Nex)]);
+        prop_oneof![
+            (
+                arb_bytes(1),
+                arb_bytes(0),
+                condition,
+                proptest::option::of(1u64..=u64::MAX)
+            )
+                .prop_map(|(key, value, condition, px_ms)| Command::Set {
+                    key,
+                    value,
+                    condition,
+                    px_ms
+                }),
+            arb_bytes(1).prop_map(|key| Command::Get { key }),
+            arb_bytes(1).prop_map(|key| Command::Del { key }),
+            (arb_bytes(1), arb_bytes(0)).prop_map(|(key, value)| Command::VDel { key, value }),
+            (arb_bytes(1), any::<bool>()).prop_map(|(key, stop)| Command::KeyNotify { key, stop }),
+            (arb_bytes(1), proptest::option::of(arb_bytes(0)))
+                .prop_map(|(pattern, token)| Command::Scan { pattern, token }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn encode_parse_round_trip(cmd in arb_command()) {
+            prop_assert_eq!(parse_request(&cmd.encode()), Ok(cmd));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(payload in proptest::collection::vec(any::<u8>(), 0..96)) {
+            if let Ok(cmd) = parse_request(&payload) {
+                prop_assert_eq!(parse_request(&cmd.encode()), Ok(cmd));
+            }
+        }
+
+        #[test]
+        fn truncated_requests_are_syntax_errors(cmd in arb_command(), cut in any::<prop::sample::Index>()) {
+            let bytes = cmd.encode();
+            let cut = cut.index(bytes.len());
+            prop_assert_eq!(parse_request(&bytes[..cut]), Err(ErrorKind::SyntaxError));
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! Hybrid logical clock timestamps (`<wallClockMs>:<counter>:<nodeId>`) and
+//! the server clock that hands out key versions.
+//!
+//! Invariants:
+//! - [`Hlc`] is totally ordered by `(wall_ms, counter, node_id bytes)`, the
+//!   order Go `Compare` and .NET `CompareTo` use for fencing tokens.
+//! - [`HlcClock::next_version`] never returns a value lower than or equal to
+//!   one it returned before, and always returns a value strictly greater than
+//!   the request timestamp it is given.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ErrorKind;
+
+/// Allowed distance, in milliseconds, between a client timestamp and the
+/// server clock before the request is refused (the SDKs use the same 60 s).
+pub const MAX_CLOCK_SKEW_MS: u64 = 60_000;
+
+/// The largest counter the server emits. .NET parses the counter as an
+/// `int32`, so a larger one would make every .NET client reject the version.
+pub const MAX_COUNTER: u64 = i32::MAX as u64;
+
+/// One HLC timestamp.
+///
+/// The derived ordering compares fields in declaration order, and `String`
+/// compares by bytes, which is exactly the protocol's total order.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Hlc {
+    /// Milliseconds since the Unix epoch.
+    pub wall_ms: u64,
+    /// Logical counter within one millisecond.
+    pub counter: u64,
+    /// Identity of the clock that produced the timestamp; never contains `:`.
+    pub node_id: String,
+}
+
+/// Why a string is not an HLC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HlcError {
+    /// Not exactly three `:`-separated parts.
+    #[error("an HLC has exactly three ':'-separated parts")]
+    WrongPartCount,
+    /// The wall clock part is empty, signed, non-decimal or above `u64::MAX`.
+    #[error("the HLC wall clock is not an unsigned decimal integer")]
+    BadWallClock,
+    /// The counter part is empty, signed, non-decimal or above `u64::MAX`.
+    #[error("the HLC counter is not an unsigned decimal integer")]
+    BadCounter,
+}
+
+impl From<HlcError> for ErrorKind {
+    fn from(_: HlcError) -> Self {
+        ErrorKind::MalformedTimestamp
+    }
+}
+
+impl Hlc {
+    /// Builds a timestamp.
+    pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<String>) -> Self {
+        Hlc {
+            wall_ms,
+            counter,
+            node_id: node_id.into(),
+        }
+    }
+
+    /// Parses the wire form.
+    ///
+    /// Accepted: any number of leading zeros (no padding is required), ms
+    /// and counter up to `u64::MAX`, and any node id without `:` —
+    /// **including the empty one**. The Rust SDK accepts an empty node id;
+    /// refusing it (as .NET does) would only turn a usable fencing token
+    /// into `malformed timestamp` with nothing gained, since ordering and
+    /// equality stay well defined.
+    ///
+    /// Refused: a part count other than three, an empty ms or counter, a
+    /// sign (`+`/`-`, which Go's `ParseInt` would allow for ms), any other
+    /// non-digit (so no decimals or whitespace), and overflow.
+    pub fn parse(text: &str) -> Result<Hlc, HlcError> {
+        let mut parts = text.split(':');
+        let (Some(ms), Some(counter), Some(node_id), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(HlcError::WrongPartCount);
+        };
+        Ok(Hlc {
+            wall_ms: parse_decimal(ms).ok_or(HlcError::BadWallClock)?,
+            counter: parse_decimal(counter).ok_or(HlcError::BadCounter)?,
+            node_id: node_id.to_owned(),
+        })
+    }
+
+    /// Reads an optional `__ts`/`__ft` user property: absent is `Ok(None)`,
+    /// present but unparsable is `malformed timestamp`.
+    pub fn from_property(value: Option<&str>) -> Result<Option<Hlc>, ErrorKind> {
+        value
+            .map(Hlc::parse)
+            .transpose()
+            .map_err(|_| ErrorKind::MalformedTimestamp)
+    }
+}
+
+/// Unsigned decimal with only ASCII digits; `None` on anything else.
+/// `u64::from_str` is not used because it accepts a leading `+`.
+pub(crate) fn parse_decimal(text: &str) -> Option<u64> {
+    if text.is_empty() {
+        return None;
+    }
+    text.bytes().try_fold(0u64, |acc, b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+impl FromStr for Hlc {
+    type Err = HlcError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Hlc::parse(s)
+    }
+}
+
+impl fmt::Display for Hlc {
+    /// `%015d:%05d:%s`, the layout all three SDKs emit.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:015}:{:05}:{}",
+            self.wall_ms, self.counter, self.node_id
+        )
+    }
+}
+
+/// The server's clock `(L, C)` plus its node id. Pure: the caller supplies
+/// the wall clock, so replaying the same inputs gives the same versions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HlcClock {
+    wall_ms: u64,
+    counter: u64,
+    node_id: String,
+}
+
+impl HlcClock {
+    /// A clock that has not issued anything yet. `node_id` must not contain
+    /// `:`; every `:` is replaced by `-` so the versions always parse.
+    pub fn new(node_id: impl Into<String>) -> Self {
+        let node_id: String = node_id.into();
+        HlcClock {
+            wall_ms: 0,
+            counter: 0,
+            node_id: node_id.replace(':', "-"),
+        }
+    }
+
+    /// The node id stamped on every version.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// The last issued value (or the initial `0:0` state).
+    pub fn current(&self) -> Hlc {
+        Hlc::new(self.wall_ms, self.counter, self.node_id.clone())
+    }
+
+    /// Issues the version for one write (wire-compat 5.4):
+    ///
+    /// ```text
+    /// t = max(now, L, R.ts + 1 if R present and R.ts >= max(now, L) else 0)
+    /// if t == L { C += 1 } else { L = t; C = 0 }
+    /// ```
+    ///
+    /// Bumping the wall clock past the request instead of the counter keeps
+    /// counters at 0 for sequential writes, which the Rust lease tests
+    /// assert. The request's own counter is deliberately ignored: the result
+    /// is already strictly greater because its wall clock is.
+    ///
+    /// One addition: once `C` reaches [`MAX_COUNTER`] the clock moves `L` on
+    /// by a millisecond instead, because .NET cannot parse larger counters.
+    /// Reaching it needs two billion writes inside one millisecond of `L`,
+    /// so ordinary operation never sees it.
+    pub fn next_version(&mut self, now_ms: u64, request_ts: Option<&Hlc>) -> Hlc {
+        let base = now_ms.max(self.wall_ms);
+        let past_request = match request_ts {
+            Some(ts) if ts.wall_ms >= base => ts.wall_ms.saturating_add(1),
+            _ => 0,
+        };
+        let t = base.max(past_request);
+        if t == self.wall_ms {
+            if self.counter >= MAX_COUNTER {
+                self.wall_ms = self.wall_ms.saturating_add(1);
+                self.counter = 0;
+            } else {
+                self.counter += 1;
+            }
+        } else {
+            self.wall_ms = t;
+            self.counter = 0;
+        }
+        self.current()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn display_pads_ms_and_counter() {
+        assert_eq!(
+            Hlc::new(1_795_318_897_606, 0, "StateStoreProto").to_string(),
+            "001795318897606:00000:StateStoreProto"
+        );
+        assert_eq!(Hlc::new(0, 7, "n").to_string(), "000000000000000:00007:n");
+        // Wider values are not truncated.
+        assert_eq!(
+            Hlc::new(u64::MAX, 123_456, "n").to_string(),
+            "18446744073709551615:123456:n"
+        );
+    }
+
+    #[test]
+    fn parse_accepts_sdk_forms() {
+        assert_eq!(
+            Hlc::parse("001795318897604:00000:4e023795-a056-4567-8aa6-05df9cbf105d").unwrap(),
+            Hlc::new(1_795_318_897_604, 0, "4e023795-a056-4567-8aa6-05df9cbf105d")
+        );
+        // The article's unpadded example.
+        assert_eq!(
+            Hlc::parse("1696374425000:1:StateStore").unwrap(),
+            Hlc::new(1_696_374_425_000, 1, "StateStore")
+        );
+        // .NET's deliberately low fencing token is well formed.
+        assert_eq!(
+            Hlc::parse("000000000000000:00000:b0d2c4e1").unwrap(),
+            Hlc::new(0, 0, "b0d2c4e1")
+        );
+        assert_eq!(
+            Hlc::parse("0000000000000000000000000042:0000000000001:x").unwrap(),
+            Hlc::new(42, 1, "x")
+        );
+        assert_eq!(
+            Hlc::parse("18446744073709551615:18446744073709551615:n").unwrap(),
+            Hlc::new(u64::MAX, u64::MAX, "n")
+        );
+    }
+
+    #[test]
+    fn parse_accepts_empty_node_id() {
+        assert_eq!(Hlc::parse("5:6:").unwrap(), Hlc::new(5, 6, ""));
+    }
+
+    #[test]
+    fn parse_rejects_malformed() {
+        use HlcError::*;
+        let cases: &[(&str, HlcError)] = &[
+            ("", WrongPartCount),
+            ("1:2", WrongPartCount),
+            ("1:2:n:x", WrongPartCount),
+            ("1:2:n:", WrongPartCount),
+            (":2:n", BadWallClock),
+            ("1::n", BadCounter),
+            ("-1:2:n", BadWallClock),
+            ("+1:2:n", BadWallClock),
+            ("1:+2:n", BadCounter),
+            ("1:-2:n", BadCounter),
+            ("1.5:2:n", BadWallClock),
+            (" 1:2:n", BadWallClock),
+            ("1 :2:n", BadWallClock),
+            ("0x1:2:n", BadWallClock),
+            ("18446744073709551616:0:n", BadWallClock),
+            ("1:18446744073709551616:n", BadCounter),
+            ("١:2:n", BadWallClock),
+        ];
+        for (text, err) in cases {
+            assert_eq!(Hlc::parse(text), Err(*err), "{text:?}");
+            assert_eq!(text.parse::<Hlc>(), Err(*err), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn from_property_maps_errors_to_malformed_timestamp() {
+        assert_eq!(Hlc::from_property(None), Ok(None));
+        assert_eq!(
+            Hlc::from_property(Some("1:2:n")),
+            Ok(Some(Hlc::new(1, 2, "n")))
+        );
+        assert_eq!(
+            Hlc::from_property(Some("garbage")),
+            Err(ErrorKind::MalformedTimestamp)
+        );
+        assert_eq!(
+            ErrorKind::from(HlcError::BadCounter),
+            ErrorKind::MalformedTimestamp
+        );
+    }
+
+    #[test]
+    fn order_is_ms_then_counter_then_node_bytes() {
+        let mut v = vec![
+            Hlc::new(2, 0, "a"),
+            Hlc::new(1, 5, "z"),
+            Hlc::new(1, 5, "B"),
+            Hlc::new(1, 6, ""),
+            Hlc::new(0, 99, "zz"),
+        ];
+        v.sort();
+        assert_eq!(
+            v,
+            vec![
+                Hlc::new(0, 99, "zz"),
+                Hlc::new(1, 5, "B"),
+                Hlc::new(1, 5, "z"),
+                Hlc::new(1, 6, ""),
+                Hlc::new(2, 0, "a"),
+            ]
+        );
+        assert!(Hlc::new(1, 5, "a") != Hlc::new(1, 5, "b"));
+    }
+
+    #[test]
+    fn clock_sequential_writes_keep_counter_zero() {
+        let mut clock = HlcClock::new("srv");
+        let a = clock.next_version(1_000, Some(&Hlc::new(999, 0, "c")));
+        let b = clock.next_version(3_000, Some(&Hlc::new(2_999, 4, "c")));
+        assert_eq!(a, Hlc::new(1_000, 0, "srv"));
+        assert_eq!(b, Hlc::new(3_000, 0, "srv"));
+    }
+
+    #[test]
+    fn clock_bumps_past_request_from_the_same_millisecond() {
+        let mut clock = HlcClock::new("srv");
+        // Client stamped the same millisecond the server handles it in.
+        let v = clock.next_version(1_000, Some(&Hlc::new(1_000, 3, "c")));
+        assert_eq!(v, Hlc::new(1_001, 0, "srv"));
+        assert!(v > Hlc::new(1_000, 3, "c"));
+    }
+
+    #[test]
+    fn clock_follows_a_client_ahead_of_it() {
+        let mut clock = HlcClock::new("srv");
+        let v = clock.next_version(1_000, Some(&Hlc::new(5_000, 0, "c")));
+        assert_eq!(v, Hlc::new(5_001, 0, "srv"));
+        // The server wall clock is now behind L: counters advance.
+        assert_eq!(clock.next_version(1_001, None), Hlc::new(5_001, 1, "srv"));
+        assert_eq!(clock.next_version(1_002, None), Hlc::new(5_001, 2, "srv"));
+        // An old request timestamp does not move it.
+        assert_eq!(
+            clock.next_version(1_003, Some(&Hlc::new(10, 0, "c"))),
+            Hlc::new(5_001, 3, "srv")
+        );
+        // Real time catches up and the counter resets.
+        assert_eq!(clock.next_version(6_000, None), Hlc::new(6_000, 0, "srv"));
+    }
+
+    #[test]
+    fn clock_same_millisecond_increments_counter() {
+        let mut clock = HlcClock::new("srv");
+        assert_eq!(clock.next_version(7, None), Hlc::new(7, 0, "srv"));
+        assert_eq!(clock.next_version(7, None), Hlc::new(7, 1, "srv"));
+        // Wall clock going backwards does not move versions backwards.
+        assert_eq!(clock.next_version(3, None), Hlc::new(7, 2, "srv"));
+    }
+
+    #[test]
+    fn clock_never_emits_counter_above_int32() {
+        let mut clock = HlcClock {
+            wall_ms: 50,
+            counter: MAX_COUNTER - 1,
+            node_id: "srv".into(),
+        };
+        assert_eq!(
+            clock.next_version(10, None),
+            Hlc::new(50, MAX_COUNTER, "srv")
+        );
+        assert_eq!(clock.next_version(10, None), Hlc::new(51, 0, "srv"));
+    }
+
+    #[test]
+    fn clock_saturates_instead_of_overflowing() {
+        let mut clock = HlcClock::new("srv");
+        let v = clock.next_version(5, Some(&Hlc::new(u64::MAX, 0, "c")));
+        assert_eq!(v.wall_ms, u64::MAX);
+        let w = clock.next_version(5, None);
+        assert!(w > v);
+    }
+
+    #[test]
+    fn clock_node_id_never_contains_colon() {
+        let mut clock = HlcClock::new("a:b");
+        assert_eq!(clock.node_id(), "a-b");
+        let v = clock.next_version(1, None);
+        assert_eq!(Hlc::parse(&v.to_string()).unwrap(), v);
+    }
+
+    fn arb_hlc() -> impl Strategy<Value = Hlc> {
+        (any::<u64>(), any::<u64>(), "[^:]{0,12}").prop_map(|(ms, c, n)| Hlc::new(ms, c, n))
+    }
+
+    proptest! {
+        #[test]
+        fn display_parse_round_trip(hlc in arb_hlc()) {
+            prop_assert_eq!(Hlc::parse(&hlc.to_string()).unwrap(), hlc);
+        }
+
+        #[test]
+        fn order_matches_tuple_order(a in arb_hlc(), b in arb_hlc()) {
+            let ta = (a.wall_ms, a.counter, a.node_id.as_bytes());
+            let tb = (b.wall_ms, b.counter, b.node_id.as_bytes());
+            prop_assert_eq!(a.cmp(&b), ta.cmp(&tb));
+        }
+
+        #[test]
+        fn parse_never_panics(text in ".{0,40}") {
+            let _ = Hlc::parse(&text);
+        }
+
+        #[test]
+        fn versions_increase_and_exceed_requests(
+            steps in proptest::collection::vec(
+                (0u64..10_000, proptest::option::of((0u64..12_000, 0u64..5))),
+                1..60,
+            )
+        ) {
+            let mut clock = HlcClock::new("srv");
+            let mut last: Option<Hlc> = None;
+            for (now, ts) in steps {
+                let request = ts.map(|(ms, c)| Hlc::new(ms, c, "client"));
+                let v = clock.next_version(now, request.as_ref());
+                if let Some(r) = &request {
+                    prop_assert!(v > *r, "{} <= request {}", v, r);
+                }
+                prop_assert!(v.wall_ms >= now);
+                if let Some(prev) = &last {
+                    prop_assert!(v > *prev, "{} <= previous {}", v, prev);
+                }
+                prop_assert_eq!(v.node_id.as_str(), "srv");
+                last = Some(v);
+            }
+        }
+    }
+}

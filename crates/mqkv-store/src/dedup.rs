@@ -1,0 +1,304 @@
+//! Answers to QoS 1 redeliveries.
+//!
+//! A client that does not get a PUBACK resends the same PUBLISH with the
+//! same correlation data. Running a non-idempotent write twice (SET NX,
+//! VDEL) would give the second copy a different answer than the first, so
+//! the first answer is remembered and repeated.
+//!
+//! Invariants:
+//! - a remembered answer is returned unchanged, with no events and no state
+//!   change, until its expiry (`expires_at_ms`, capped at
+//!   [`MAX_RETENTION_MS`] after it was remembered);
+//! - the table never holds more than [`CAPACITY`] answers; when full, the
+//!   answer closest to expiry is forgotten first;
+//! - only writes are remembered: reads are idempotent, and not caching GET
+//!   values keeps the table small.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use mqkv_protocol::{Hlc, Response};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::{Applied, DedupId};
+
+/// Most answers remembered at once.
+pub const CAPACITY: usize = 100_000;
+
+/// Longest time an answer is remembered, whatever expiry the request asked
+/// for. The SDKs' request timeouts are seconds to a minute; MQTT allows
+/// message expiries of over a century, which must not pin memory.
+pub const MAX_RETENTION_MS: u64 = 10 * 60 * 1000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Remembered {
+    expires_at_ms: u64,
+    response: Response,
+    version: Option<Hlc>,
+}
+
+type Identity = (String, Bytes);
+
+/// The remembered answers, by identity and by expiry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DedupTable {
+    entries: BTreeMap<Identity, Remembered>,
+    by_expiry: BTreeSet<(u64, Identity)>,
+}
+
+fn identity(id: &DedupId) -> Identity {
+    (id.client_id.clone(), id.correlation.clone())
+}
+
+impl DedupTable {
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Forgets every answer whose expiry is at or before `now_ms`.
+    pub(crate) fn prune(&mut self, now_ms: u64) {
+        while let Some(first) = self.by_expiry.first() {
+            if first.0 > now_ms {
+                break;
+            }
+            if let Some((_, id)) = self.by_expiry.pop_first() {
+                self.entries.remove(&id);
+            }
+        }
+    }
+
+    /// The first answer to the request with this identity, if remembered
+    /// and not expired.
+    pub(crate) fn lookup(&self, id: &DedupId, now_ms: u64) -> Option<Applied> {
+        let remembered = self.entries.get(&identity(id))?;
+        (remembered.expires_at_ms > now_ms)
+            .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
+    }
+
+    /// Remembers the answer to a request.
+    pub(crate) fn remember(&mut self, id: &DedupId, applied: &Applied, now_ms: u64) {
+        let expires_at_ms = id
+            .expires_at_ms
+            .min(now_ms.saturating_add(MAX_RETENTION_MS));
+        if expires_at_ms <= now_ms {
+            return;
+        }
+        let key = identity(id);
+        if let Some(old) = self.entries.remove(&key) {
+            self.by_expiry.remove(&(old.expires_at_ms, key.clone()));
+        }
+        while self.entries.len() >= CAPACITY {
+            let Some((_, evicted)) = self.by_expiry.pop_first() else {
+                break;
+            };
+            self.entries.remove(&evicted);
+        }
+        self.by_expiry.insert((expires_at_ms, key.clone()));
+        self.entries.insert(
+            key,
+            Remembered {
+                expires_at_ms,
+                response: applied.response.clone(),
+                version: applied.version.clone(),
+            },
+        );
+    }
+}
+
+/// Serialized as a flat list; the expiry index is rebuilt on load so the two
+/// can never disagree in a snapshot.
+impl Serialize for DedupTable {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.entries.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for DedupTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let list: Vec<(Identity, Remembered)> = Vec::deserialize(deserializer)?;
+        let mut table = DedupTable::default();
+        for (key, remembered) in list {
+            let expires_at_ms = remembered.expires_at_ms;
+            // A repeated identity keeps its last answer, and only that
+            // answer's expiry stays indexed.
+            if let Some(old) = table.entries.insert(key.clone(), remembered) {
+                table.by_expiry.remove(&(old.expires_at_ms, key.clone()));
+            }
+            table.by_expiry.insert((expires_at_ms, key));
+        }
+        Ok(table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::test_support::*;
+    use mqkv_protocol::{Command, SetCondition};
+
+    fn id(correlation: &str, expires_at_ms: u64) -> DedupId {
+        DedupId {
+            client_id: "c".into(),
+            correlation: b(correlation),
+            expires_at_ms,
+        }
+    }
+
+    #[test]
+    fn redelivered_nx_gets_the_first_answer() {
+        let mut m = machine();
+        let nx = set_cmd("lock", "me", Some(SetCondition::Nx), None);
+        let first = m.apply(&deduped(1_000, nx.clone(), "corr-1"));
+        assert_eq!(first.response, Response::Ok);
+        assert_eq!(first.events.len(), 1);
+        let before = m.clone();
+
+        let again = m.apply(&deduped(1_500, nx.clone(), "corr-1"));
+        assert_eq!(again.response, Response::Ok, "not :-1");
+        assert_eq!(again.version, first.version);
+        assert!(again.events.is_empty());
+        assert_eq!(m, before);
+
+        // A new correlation is a new request.
+        let other = m.apply(&deduped(1_600, nx, "corr-2"));
+        assert_eq!(other.response, Response::NotApplied);
+    }
+
+    #[test]
+    fn redelivered_vdel_gets_the_first_answer() {
+        let mut m = machine();
+        put(&mut m, 10, "k", "v");
+        let vdel = Command::VDel {
+            key: b("k"),
+            value: b("v"),
+        };
+        let first = m.apply(&deduped(20, vdel.clone(), "x"));
+        assert_eq!(first.response, Response::Integer(1));
+        let again = m.apply(&deduped(21, vdel, "x"));
+        assert_eq!(again.response, Response::Integer(1));
+        assert_eq!(again.version, first.version);
+        assert!(again.events.is_empty());
+    }
+
+    #[test]
+    fn errors_are_remembered_too() {
+        let mut m = machine();
+        let mut e = deduped(1_000, set_cmd("k", "v", None, None), "e");
+        if let crate::Op::Request(r) = &mut e.op {
+            r.ts = Some(Hlc::new(70_000, 0, "c"));
+        }
+        let first = m.apply(&e);
+        assert_eq!(
+            first,
+            Applied::error(mqkv_protocol::ErrorKind::TimestampSkew)
+        );
+        // Ten seconds later the same request would pass validation, but it
+        // is the same request, so it gets the same answer.
+        e.now_ms = 9_999;
+        assert_eq!(m.apply(&e), first);
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn reads_are_not_remembered() {
+        let mut m = machine();
+        m.apply(&deduped(1, Command::Get { key: b("k") }, "g"));
+        assert_eq!(m.dedup_len(), 0);
+    }
+
+    #[test]
+    fn answers_expire() {
+        let mut m = machine();
+        let nx = set_cmd("k", "v", Some(SetCondition::Nx), None);
+        m.apply(&deduped(1_000, nx.clone(), "c1"));
+        assert_eq!(m.dedup_len(), 1);
+        // `deduped` sets expiry at now + 10 s.
+        let late = m.apply(&deduped(11_000, nx, "c1"));
+        assert_eq!(late.response, Response::NotApplied);
+        assert_eq!(
+            m.dedup_len(),
+            1,
+            "the old answer was pruned, the new one remembered"
+        );
+    }
+
+    #[test]
+    fn retention_is_capped() {
+        let mut table = DedupTable::default();
+        let applied = Applied::reply(Response::Ok, None);
+        table.remember(&id("a", u64::MAX), &applied, 0);
+        assert!(table.lookup(&id("a", 0), MAX_RETENTION_MS - 1).is_some());
+        assert!(table.lookup(&id("a", 0), MAX_RETENTION_MS).is_none());
+        table.prune(MAX_RETENTION_MS);
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn already_expired_ids_are_not_remembered() {
+        let mut table = DedupTable::default();
+        table.remember(&id("a", 5), &Applied::reply(Response::Ok, None), 5);
+        assert_eq!(table.len(), 0);
+    }
+
+    #[test]
+    fn capacity_evicts_the_soonest_expiring() {
+        let mut table = DedupTable::default();
+        let applied = Applied::reply(Response::Ok, None);
+        for i in 0..CAPACITY as u64 {
+            // Reverse order of expiry: entry 0 lives longest.
+            table.remember(&id(&i.to_string(), 500_000 - i), &applied, 0);
+        }
+        assert_eq!(table.len(), CAPACITY);
+        table.remember(&id("new", 450_000), &applied, 0);
+        assert_eq!(table.len(), CAPACITY);
+        let last = (CAPACITY as u64 - 1).to_string();
+        assert!(
+            table.lookup(&id(&last, 0), 1).is_none(),
+            "soonest expiry evicted"
+        );
+        assert!(table.lookup(&id("0", 0), 1).is_some());
+        assert!(table.lookup(&id("new", 0), 1).is_some());
+    }
+
+    #[test]
+    fn serde_round_trip_rebuilds_the_expiry_index() {
+        let mut table = DedupTable::default();
+        let hit = Applied::reply(Response::Integer(1), Some(Hlc::new(5, 0, "s")));
+        table.remember(&id("a", 100), &hit, 0);
+        table.remember(&id("b", 50), &Applied::reply(Response::NotApplied, None), 0);
+        let bytes = postcard::to_allocvec(&table).unwrap();
+        let restored: DedupTable = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(restored, table);
+        assert_eq!(restored.lookup(&id("a", 0), 1), Some(hit));
+
+        // A list naming one identity twice keeps the last answer only.
+        let remembered = |expires_at_ms| Remembered {
+            expires_at_ms,
+            response: Response::Ok,
+            version: None,
+        };
+        let key: Identity = ("c".into(), b("x"));
+        let list = vec![(key.clone(), remembered(10)), (key, remembered(90))];
+        let mut restored: DedupTable =
+            postcard::from_bytes(&postcard::to_allocvec(&list).unwrap()).unwrap();
+        assert_eq!(restored.len(), 1);
+        assert_eq!(restored.by_expiry.len(), 1);
+        restored.prune(10);
+        assert_eq!(
+            restored.len(),
+            1,
+            "a stale expiry must not evict the kept answer"
+        );
+    }
+
+    #[test]
+    fn same_correlation_from_another_client_is_another_request() {
+        let mut table = DedupTable::default();
+        table.remember(&id("x", 100), &Applied::reply(Response::Ok, None), 0);
+        let other = DedupId {
+            client_id: "d".into(),
+            ..id("x", 100)
+        };
+        assert!(table.lookup(&other, 1).is_none());
+    }
+}

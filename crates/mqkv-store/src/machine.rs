@@ -1,0 +1,403 @@
+//! The state machine: the keyspace, its indexes, and the dispatch of
+//! entries to the per-verb modules.
+//!
+//! Invariants (kept by routing every change through [`StateMachine::insert`]
+//! and [`StateMachine::remove`]):
+//! - the expiry index holds exactly one `(deadline, key)` for every key that
+//!   has a deadline, and nothing else;
+//! - `stored_bytes` is the sum of key and value lengths over all keys;
+//! - every version ever issued comes from the one [`HlcClock`], so versions
+//!   are strictly increasing over the whole store, hence per key.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use bytes::Bytes;
+use mqkv_protocol::{Command, ErrorKind, Hlc, HlcClock, Response};
+use serde::{Deserialize, Serialize};
+
+use crate::dedup::DedupTable;
+use crate::set::SetArgs;
+use crate::{validate, Applied, ChangeEvent, ChangeKind, Entry, Op, Request, StoreConfig};
+
+/// What is stored for one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Record {
+    pub(crate) value: Bytes,
+    /// Version of the last SET; what GET returns as `__ts`.
+    pub(crate) version: Hlc,
+    /// Fencing token protecting the key, if any.
+    pub(crate) fencing_token: Option<Hlc>,
+    /// Unix ms at or after which the key no longer exists.
+    pub(crate) expires_at_ms: Option<u64>,
+}
+
+impl Record {
+    /// A key whose deadline has passed behaves as absent for every command,
+    /// even before an `ExpireDue` entry removes it.
+    pub(crate) fn is_live(&self, now_ms: u64) -> bool {
+        self.expires_at_ms.is_none_or(|deadline| deadline > now_ms)
+    }
+}
+
+/// Bytes a key occupies for the `max_bytes` quota.
+pub(crate) fn footprint(key: &[u8], value: &[u8]) -> u64 {
+    // usize -> u64 is lossless on every supported target.
+    key.len() as u64 + value.len() as u64
+}
+
+/// The deterministic state store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateMachine {
+    pub(crate) config: StoreConfig,
+    pub(crate) clock: HlcClock,
+    pub(crate) keys: BTreeMap<Bytes, Record>,
+    /// `(deadline, key)`, ordered so the next deadline is the first entry.
+    pub(crate) expiry: BTreeSet<(u64, Bytes)>,
+    pub(crate) stored_bytes: u64,
+    pub(crate) dedup: DedupTable,
+}
+
+impl StateMachine {
+    /// An empty store.
+    pub fn new(config: StoreConfig) -> Self {
+        let clock = HlcClock::new(config.node_id.clone());
+        StateMachine {
+            config,
+            clock,
+            keys: BTreeMap::new(),
+            expiry: BTreeSet::new(),
+            stored_bytes: 0,
+            dedup: DedupTable::default(),
+        }
+    }
+
+    /// Rebuilds the derived indexes around restored parts.
+    pub(crate) fn from_parts(
+        config: StoreConfig,
+        clock: HlcClock,
+        keys: BTreeMap<Bytes, Record>,
+        dedup: DedupTable,
+    ) -> Self {
+        let mut machine = StateMachine {
+            config,
+            clock,
+            keys: BTreeMap::new(),
+            expiry: BTreeSet::new(),
+            stored_bytes: 0,
+            dedup,
+        };
+        for (key, record) in keys {
+            machine.insert(key, record);
+        }
+        machine
+    }
+
+    /// The configuration the store applies entries under.
+    pub fn config(&self) -> &StoreConfig {
+        &self.config
+    }
+
+    /// The server clock; its last value is the highest version issued.
+    pub fn clock(&self) -> &HlcClock {
+        &self.clock
+    }
+
+    /// Number of stored keys, including keys past their deadline that no
+    /// `ExpireDue` entry has removed yet (they count against quotas too).
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// True if no key is stored.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Sum of key and value lengths over all stored keys.
+    pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes
+    }
+
+    /// Number of remembered answers for de-duplication.
+    pub fn dedup_len(&self) -> usize {
+        self.dedup.len()
+    }
+
+    /// The fencing token protecting a live key.
+    pub fn fencing_token(&self, key: &[u8], now_ms: u64) -> Option<&Hlc> {
+        self.live(key, now_ms)?.fencing_token.as_ref()
+    }
+
+    /// The deadline of a live key, if it has one.
+    pub fn expires_at_ms(&self, key: &[u8], now_ms: u64) -> Option<u64> {
+        self.live(key, now_ms)?.expires_at_ms
+    }
+
+    /// Applies one log entry. Reads no clock: time is `entry.now_ms`.
+    pub fn apply(&mut self, entry: &Entry) -> Applied {
+        let now = entry.now_ms;
+        self.dedup.prune(now);
+        match &entry.op {
+            Op::ExpireDue => self.apply_expire_due(now),
+            Op::Request(request) => {
+                let dedup = request
+                    .dedup
+                    .as_ref()
+                    .filter(|_| request.command.is_write());
+                if let Some(id) = dedup {
+                    if let Some(first) = self.dedup.lookup(id, now) {
+                        return first;
+                    }
+                }
+                let applied = self.apply_request(request, now);
+                if let Some(id) = dedup {
+                    self.dedup.remember(id, &applied, now);
+                }
+                applied
+            }
+        }
+    }
+
+    fn apply_request(&mut self, request: &Request, now: u64) -> Applied {
+        if let Err(kind) = validate(request, now) {
+            return Applied::error(kind);
+        }
+        match &request.command {
+            Command::Set {
+                key,
+                value,
+                condition,
+                px_ms,
+            } => {
+                let set = SetArgs {
+                    key,
+                    value,
+                    condition: *condition,
+                    px_ms: *px_ms,
+                };
+                self.apply_set(request, &set, now)
+            }
+            Command::Del { key } => self.apply_del(request, key, now),
+            Command::VDel { key, value } => self.apply_vdel(request, key, value, now),
+            Command::Get { key } => match self.get(key, now) {
+                Some((value, version)) => Applied::reply(Response::Value(value), Some(version)),
+                None => Applied::reply(Response::Nil, None),
+            },
+            Command::Scan { pattern, token } => {
+                Applied::reply(self.scan(pattern, token.as_deref(), now), None)
+            }
+            // Observer registrations belong to the node the observer is
+            // connected to and are never replicated. Answering here would
+            // claim a registration that nobody made, so refuse loudly.
+            Command::KeyNotify { .. } => Applied::error(ErrorKind::UnknownCommand),
+        }
+    }
+
+    /// The record of a key that exists at `now_ms`.
+    pub(crate) fn live(&self, key: &[u8], now_ms: u64) -> Option<&Record> {
+        self.keys.get(key).filter(|record| record.is_live(now_ms))
+    }
+
+    /// Stores `record` under `key`, replacing any previous one, and keeps
+    /// the indexes in step.
+    pub(crate) fn insert(&mut self, key: Bytes, record: Record) {
+        self.remove(&key);
+        if let Some(deadline) = record.expires_at_ms {
+            self.expiry.insert((deadline, key.clone()));
+        }
+        self.stored_bytes += footprint(&key, &record.value);
+        self.keys.insert(key, record);
+    }
+
+    /// Removes a key with its indexes.
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Record> {
+        let (key, old) = self.keys.remove_entry(key)?;
+        self.forget_indexes(&key, &old);
+        Some(old)
+    }
+
+    fn forget_indexes(&mut self, key: &Bytes, old: &Record) {
+        if let Some(deadline) = old.expires_at_ms {
+            self.expiry.remove(&(deadline, key.clone()));
+        }
+        self.stored_bytes -= footprint(key, &old.value);
+    }
+
+    /// Deletes `key` and records a DELETE event with a fresh version.
+    pub(crate) fn delete_with_event(
+        &mut self,
+        key: &[u8],
+        now: u64,
+        request_ts: Option<&Hlc>,
+        events: &mut Vec<ChangeEvent>,
+    ) -> Option<Hlc> {
+        let (key, _) = self.keys.get_key_value(key)?;
+        let key = key.clone();
+        self.remove(&key);
+        let version = self.clock.next_version(now, request_ts);
+        events.push(ChangeEvent {
+            key,
+            kind: ChangeKind::Delete,
+            version: version.clone(),
+        });
+        Some(version)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Helpers shared by the per-verb unit tests.
+
+    use super::*;
+    use crate::DedupId;
+    use mqkv_protocol::SetCondition;
+
+    pub(crate) fn machine() -> StateMachine {
+        StateMachine::new(StoreConfig::new("srv"))
+    }
+
+    pub(crate) fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    pub(crate) fn ts(ms: u64) -> Option<Hlc> {
+        Some(Hlc::new(ms, 0, "client"))
+    }
+
+    pub(crate) fn set_cmd(
+        key: &str,
+        value: &str,
+        condition: Option<SetCondition>,
+        px_ms: Option<u64>,
+    ) -> Command {
+        Command::Set {
+            key: b(key),
+            value: b(value),
+            condition,
+            px_ms,
+        }
+    }
+
+    pub(crate) fn entry(now_ms: u64, command: Command, ft: Option<Hlc>) -> Entry {
+        Entry {
+            now_ms,
+            op: Op::Request(Request {
+                command,
+                ts: ts(now_ms),
+                ft,
+                dedup: None,
+            }),
+        }
+    }
+
+    pub(crate) fn deduped(now_ms: u64, command: Command, correlation: &str) -> Entry {
+        Entry {
+            now_ms,
+            op: Op::Request(Request {
+                command,
+                ts: ts(now_ms),
+                ft: None,
+                dedup: Some(DedupId {
+                    client_id: "client".into(),
+                    correlation: b(correlation),
+                    expires_at_ms: now_ms + 10_000,
+                }),
+            }),
+        }
+    }
+
+    /// SET k v at `now` with no options; asserts it applied.
+    pub(crate) fn put(m: &mut StateMachine, now: u64, key: &str, value: &str) -> Hlc {
+        let applied = m.apply(&entry(now, set_cmd(key, value, None, None), None));
+        assert_eq!(applied.response, Response::Ok);
+        applied.version.expect("SET OK carries a version")
+    }
+
+    /// Checks the derived indexes against a recomputation from the keys.
+    pub(crate) fn assert_indexes_consistent(m: &StateMachine) {
+        let bytes: u64 = m.keys.iter().map(|(k, r)| footprint(k, &r.value)).sum();
+        assert_eq!(m.stored_bytes, bytes);
+        let expiry: BTreeSet<(u64, Bytes)> = m
+            .keys
+            .iter()
+            .filter_map(|(k, r)| r.expires_at_ms.map(|d| (d, k.clone())))
+            .collect();
+        assert_eq!(m.expiry, expiry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn insert_and_remove_keep_indexes_in_step() {
+        let mut m = machine();
+        let record = |value: &str, deadline| Record {
+            value: b(value),
+            version: Hlc::new(1, 0, "srv"),
+            fencing_token: None,
+            expires_at_ms: deadline,
+        };
+        m.insert(b("a"), record("xyz", Some(10)));
+        m.insert(b("b"), record("", None));
+        assert_eq!(m.stored_bytes(), 5);
+        assert_indexes_consistent(&m);
+        // Same deadline again, then a different one, then none.
+        m.insert(b("a"), record("xy", Some(10)));
+        assert_indexes_consistent(&m);
+        m.insert(b("a"), record("x", Some(20)));
+        assert_indexes_consistent(&m);
+        m.insert(b("a"), record("x", None));
+        assert_indexes_consistent(&m);
+        assert!(m.expiry.is_empty());
+        assert!(m.remove(b"a").is_some());
+        assert!(m.remove(b"a").is_none());
+        assert_eq!(m.stored_bytes(), 1);
+        assert_eq!(m.len(), 1);
+        assert_indexes_consistent(&m);
+    }
+
+    #[test]
+    fn keynotify_is_not_for_the_state_machine() {
+        let mut m = machine();
+        let applied = m.apply(&entry(
+            1,
+            Command::KeyNotify {
+                key: b("k"),
+                stop: false,
+            },
+            None,
+        ));
+        assert_eq!(applied, Applied::error(ErrorKind::UnknownCommand));
+        assert_eq!(m, machine());
+    }
+
+    #[test]
+    fn validation_runs_inside_apply() {
+        let mut m = machine();
+        let mut e = entry(1_000, set_cmd("k", "v", None, None), None);
+        if let Op::Request(r) = &mut e.op {
+            r.ts = None;
+        }
+        assert_eq!(m.apply(&e), Applied::error(ErrorKind::MissingTimestamp));
+        let mut e = entry(1_000, set_cmd("k", "v", None, None), None);
+        if let Op::Request(r) = &mut e.op {
+            r.ts = Some(Hlc::new(61_001, 0, "c"));
+        }
+        assert_eq!(m.apply(&e), Applied::error(ErrorKind::TimestampSkew));
+        assert!(m.is_empty());
+        assert_eq!(m.clock().current(), Hlc::new(0, 0, "srv"));
+    }
+
+    #[test]
+    fn node_id_comes_from_config() {
+        let mut m = StateMachine::new(StoreConfig::new("node:7"));
+        let v = m
+            .apply(&entry(5, set_cmd("k", "v", None, None), None))
+            .version
+            .unwrap();
+        assert_eq!(v.node_id, "node-7");
+    }
+}
