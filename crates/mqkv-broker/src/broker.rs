@@ -202,7 +202,10 @@ impl Broker {
     }
 
     /// Loads saved state; call before binding listeners.
-    pub fn import_state(&self, state: crate::persist::BrokerState) -> Result<(), crate::persist::ImportError> {
+    pub fn import_state(
+        &self,
+        state: crate::persist::BrokerState,
+    ) -> Result<(), crate::persist::ImportError> {
         self.inner.import_state(state)
     }
 

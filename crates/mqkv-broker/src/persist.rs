@@ -284,7 +284,8 @@ impl Inner {
             {
                 let mut st = session.state.lock();
                 st.expiry_interval = s.expiry_interval;
-                st.disconnected_at = Some(s.disconnected_at_ms.map_or(now, |ms| clock.to_instant(ms)));
+                st.disconnected_at =
+                    Some(s.disconnected_at_ms.map_or(now, |ms| clock.to_instant(ms)));
                 for d in s.queue {
                     st.queue.push_back(delivery(d)?);
                 }

@@ -24,7 +24,9 @@ pub const BROKER_FILE: &str = "broker.redb";
 
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
-    #[error("{path} is in use by another process (is another mqkv running on this data directory?)")]
+    #[error(
+        "{path} is in use by another process (is another mqkv running on this data directory?)"
+    )]
     InUse { path: PathBuf },
     #[error("cannot open {path}: {message}")]
     Open { path: PathBuf, message: String },
@@ -99,7 +101,8 @@ impl BrokerStore {
         let Some(bytes) = table.get(STATE_KEY).map_err(|e| self.corrupt(e))? else {
             return Ok(None);
         };
-        let state: BrokerState = postcard::from_bytes(bytes.value()).map_err(|e| self.corrupt(e))?;
+        let state: BrokerState =
+            postcard::from_bytes(bytes.value()).map_err(|e| self.corrupt(e))?;
         Ok(Some(state))
     }
 
@@ -158,7 +161,11 @@ impl Saver {
                 }
             })
         };
-        Saver { store, broker, task }
+        Saver {
+            store,
+            broker,
+            task,
+        }
     }
 
     /// Stops the interval and writes the final snapshot.

@@ -75,7 +75,9 @@ fn parse_storage(s: &str) -> Result<StorageKind, String> {
     match s {
         "memory" => Ok(StorageKind::Memory),
         "disk" => Ok(StorageKind::Disk),
-        other => Err(format!("unknown storage '{other}' (expected: disk, memory)")),
+        other => Err(format!(
+            "unknown storage '{other}' (expected: disk, memory)"
+        )),
     }
 }
 

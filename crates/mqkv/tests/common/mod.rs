@@ -12,11 +12,26 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    /// Starts `mqkv serve --listen 127.0.0.1:0` with extra flags and waits for its port.
+    /// Starts `mqkv serve --listen 127.0.0.1:0 --storage memory` with extra flags and waits for
+    /// its port.
     pub fn start(extra: &[&str]) -> ServerProcess {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--storage", "memory"];
+        args.extend_from_slice(extra);
+        Self::spawn(&args)
+    }
+
+    /// Starts a durable server on `dir`, listening on `listen` (e.g. `127.0.0.1:0`).
+    pub fn start_disk(dir: &std::path::Path, listen: &str, extra: &[&str]) -> ServerProcess {
+        let dir = dir.to_str().expect("utf-8 path");
+        let mut args = vec!["--listen", listen, "--storage", "disk", "--data-dir", dir];
+        args.extend_from_slice(extra);
+        Self::spawn(&args)
+    }
+
+    fn spawn(args: &[&str]) -> ServerProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mqkv"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
+            .arg("serve")
+            .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -33,6 +48,20 @@ impl ServerProcess {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
         ServerProcess { child, port }
+    }
+
+    /// SIGTERM, then waits for the process; returns its exit status.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait().expect("wait")
+    }
+
+    /// SIGKILL: the process dies at once, with no chance to save anything.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Asserts the server process is still running.

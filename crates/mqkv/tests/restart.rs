@@ -1,0 +1,125 @@
+//! Retained messages and persistent sessions survive a restart of a durable server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ServerProcess, TIMEOUT};
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mqkv-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+async fn connack(el: &mut EventLoop) -> bool {
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let Event::Incoming(Packet::ConnAck(c)) = el.poll().await.expect("poll") {
+                return c.session_present;
+            }
+        }
+    })
+    .await
+    .expect("connack")
+}
+
+async fn settle(el: &mut EventLoop, for_: Duration) -> Vec<String> {
+    let mut got = Vec::new();
+    while let Ok(Ok(ev)) = tokio::time::timeout(for_, el.poll()).await {
+        if let Event::Incoming(Packet::Publish(p)) = ev {
+            got.push(String::from_utf8_lossy(&p.payload).into_owned());
+        }
+    }
+    got
+}
+
+/// Sets up: a retained message, and a persistent session with three messages queued for it.
+async fn prepare(port: u16) {
+    let mut o = MqttOptions::new("keeper", "127.0.0.1", port);
+    o.set_session_expiry_interval(Some(3600));
+    let (c, mut el) = AsyncClient::new(o, 10);
+    c.subscribe("jobs/#", QoS::AtLeastOnce).await.unwrap();
+    connack(&mut el).await;
+    settle(&mut el, Duration::from_millis(300)).await;
+    c.disconnect().await.unwrap();
+    settle(&mut el, Duration::from_millis(300)).await;
+
+    let (p, mut pel) = AsyncClient::new(MqttOptions::new("producer", "127.0.0.1", port), 10);
+    p.publish("status/door", QoS::AtLeastOnce, true, "open")
+        .await
+        .unwrap();
+    for i in 0..3 {
+        p.publish("jobs/x", QoS::AtLeastOnce, false, format!("job{i}"))
+            .await
+            .unwrap();
+    }
+    settle(&mut pel, Duration::from_millis(300)).await;
+}
+
+async fn verify(port: u16) {
+    let mut o = MqttOptions::new("keeper", "127.0.0.1", port);
+    o.set_clean_start(false);
+    o.set_session_expiry_interval(Some(3600));
+    let (_c, mut el) = AsyncClient::new(o, 10);
+    assert!(connack(&mut el).await, "session present after restart");
+    let got = settle(&mut el, Duration::from_millis(700)).await;
+    assert_eq!(got, vec!["job0", "job1", "job2"]);
+
+    let (s, mut sel) = AsyncClient::new(MqttOptions::new("late", "127.0.0.1", port), 10);
+    s.subscribe("status/+", QoS::AtLeastOnce).await.unwrap();
+    let got = settle(&mut sel, Duration::from_millis(700)).await;
+    assert_eq!(got, vec!["open"], "retained message survived");
+}
+
+#[tokio::test]
+async fn graceful_restart_keeps_retained_messages_and_sessions() {
+    let dir = temp_dir("graceful");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
+    let port = server.port;
+    prepare(port).await;
+    assert!(server.stop().success(), "clean exit on SIGTERM");
+    let server = ServerProcess::start_disk(&dir, &format!("127.0.0.1:{port}"), &[]);
+    verify(server.port).await;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn crash_after_the_save_interval_keeps_retained_messages_and_sessions() {
+    let dir = temp_dir("crash");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["-c", "/dev/null"]);
+    let port = server.port;
+    prepare(port).await;
+    // The documented loss window is one save interval (1 s by default).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.kill9();
+    let server = ServerProcess::start_disk(&dir, &format!("127.0.0.1:{port}"), &[]);
+    verify(server.port).await;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_data_directory_in_use_is_refused() {
+    let dir = temp_dir("inuse");
+    let _first = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--storage",
+            "disk",
+            "--data-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use"), "clear message: {err}");
+}
