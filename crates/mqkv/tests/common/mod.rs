@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod store;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
