@@ -1,0 +1,440 @@
+//! Shared harness for the AIO SDK interop tests.
+//!
+//! Every test starts its own `mqkv serve --listen 127.0.0.1:0` ([`Server`]), connects one or
+//! more SDK sessions to it ([`AioClient`]) and tears everything down at the end. The server
+//! process is killed by `Drop`, so a failing assertion never leaves a server behind.
+//!
+//! This file is compiled into every test binary of both interop crates (`#[path]`), so it must
+//! only use API that `azure_iot_operations_services` 1.3.0 and 1.5.0-beta1 have in common.
+
+#![allow(dead_code)]
+
+use std::cmp::Ordering;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
+use azure_iot_operations_mqtt::control_packet::{
+    DeliveryQoS, Publish, QoS, RetainOptions, SubscribeProperties, TopicFilter,
+};
+use azure_iot_operations_mqtt::session::{
+    Session, SessionExitHandle, SessionManagedClient, SessionOptionsBuilder, SessionPubReceiver,
+};
+use azure_iot_operations_protocol::application::ApplicationContextBuilder;
+use azure_iot_operations_protocol::common::hybrid_logical_clock::HybridLogicalClock;
+use azure_iot_operations_services::state_store::{
+    self, ErrorKind, KeyNotification, KeyObservation, Operation, ServiceError,
+};
+
+/// Request timeout handed to every SDK call.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Prefix of every key notification topic (wire-compat doc, section 4.1).
+pub const NOTIFY_PREFIX: &str = "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/";
+
+/// Path of the server binary: `$MQKV_BIN`, else `../../target/debug/mqkv` next to the crate.
+pub fn mqkv_bin() -> PathBuf {
+    match std::env::var_os("MQKV_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/mqkv"),
+    }
+}
+
+/// A running `mqkv serve` process on a free loopback port. Killed on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub log_path: PathBuf,
+    work_dir: PathBuf,
+}
+
+impl Server {
+    /// Starts the server and waits for its `listening on 127.0.0.1:PORT` line.
+    /// `name` only names the server's log file (stderr) under the cargo target tmp dir.
+    pub fn start(name: &str) -> Server {
+        // Resolve a relative MQKV_BIN against the crate dir (cargo's cwd for tests) before the
+        // server is started in a directory of its own.
+        let bin = std::fs::canonicalize(mqkv_bin())
+            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let log_dir = tmp.join("mqkv-interop-logs");
+        std::fs::create_dir_all(&log_dir).expect("create log dir");
+        let log_path = log_dir.join(format!("{name}.log"));
+        let log = File::create(&log_path).expect("create server log file");
+        // A fresh working directory per server, so whatever it keeps on disk by default
+        // (data directory) is never shared between the tests running in parallel.
+        let work_dir = tmp
+            .join("mqkv-interop-run")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work_dir);
+        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+
+        let mut child = Command::new(&bin)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .current_dir(&work_dir)
+            .env_remove("MQKV_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+
+        // Read the first stdout line on a thread so a silent server cannot hang the test, then
+        // keep draining stdout so the server can never block on a full pipe.
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut first = String::new();
+            let _ = reader.read_line(&mut first);
+            let _ = tx.send(first);
+            let mut sink = [0u8; 4096];
+            while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(20)).ok();
+        let port = line
+            .as_deref()
+            .map(str::trim)
+            .and_then(|l| l.strip_prefix("listening on "))
+            .and_then(|addr| addr.rsplit(':').next())
+            .and_then(|p| p.parse::<u16>().ok());
+        let Some(port) = port else {
+            let _ = child.kill();
+            let status = child.wait();
+            let log = std::fs::read(&log_path).unwrap_or_default();
+            let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]);
+            panic!(
+                "{} did not print `listening on 127.0.0.1:PORT` within 20 s (first line: {line:?}, \
+                 status {status:?}); stderr tail:\n{tail}",
+                bin.display()
+            );
+        };
+        Server {
+            child,
+            port,
+            log_path,
+            work_dir,
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // A server that is gone before we kill it crashed or quit during the test.
+        let exited_early = self.child.try_wait().ok().flatten();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.work_dir);
+        if std::thread::panicking() {
+            eprintln!("mqkv server log: {}", self.log_path.display());
+        } else if let Some(status) = exited_early {
+            panic!(
+                "mqkv exited by itself during the test ({status}); log: {}",
+                self.log_path.display()
+            );
+        }
+    }
+}
+
+/// A client id that is unique per test, role and test process.
+pub fn client_id(test: &str, role: &str) -> String {
+    format!("{test}-{role}-{}", std::process::id())
+}
+
+/// One SDK MQTT session with a state store client on it.
+pub struct AioClient {
+    pub id: String,
+    pub state_store: Arc<state_store::Client>,
+    pub managed: SessionManagedClient,
+    /// Further state store clients on the same session (same MQTT client id), if asked for.
+    pub extra: Vec<Arc<state_store::Client>>,
+    exit: SessionExitHandle,
+    session_task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl AioClient {
+    /// Connects a new session with client id `id` to `server`, plain TCP, clean start.
+    pub async fn connect(server: &Server, id: &str) -> AioClient {
+        Self::connect_with_extra(server, id, 0).await
+    }
+
+    /// As [`AioClient::connect`], plus `extra` more state store clients sharing the session.
+    pub async fn connect_with_extra(server: &Server, id: &str, extra: usize) -> AioClient {
+        let connection_settings = MqttConnectionSettingsBuilder::default()
+            .client_id(id)
+            .hostname("127.0.0.1")
+            .tcp_port(server.port)
+            .keep_alive(Duration::from_secs(30))
+            .clean_start(true)
+            .use_tls(false)
+            .build()
+            .expect("connection settings");
+        let session_options = SessionOptionsBuilder::default()
+            .connection_settings(connection_settings)
+            .build()
+            .expect("session options");
+        let session = Session::new(session_options).expect("session");
+        let managed = session.create_managed_client();
+        let monitor = session.create_session_monitor();
+        let exit = session.create_exit_handle();
+        let make_client = || {
+            state_store::Client::new(
+                ApplicationContextBuilder::default()
+                    .build()
+                    .expect("app context"),
+                session.create_managed_client(),
+                session.create_session_monitor(),
+                state_store::ClientOptionsBuilder::default()
+                    .build()
+                    .expect("client options"),
+            )
+            .expect("state store client")
+        };
+        let state_store = make_client();
+        let extra = (0..extra).map(|_| Arc::new(make_client())).collect();
+        let session_task =
+            tokio::spawn(async move { session.run().await.map_err(|e| e.to_string()) });
+        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
+            .await
+            .unwrap_or_else(|_| panic!("{id}: session did not connect to mqkv within 10 s"));
+        AioClient {
+            id: id.to_string(),
+            state_store: Arc::new(state_store),
+            managed,
+            extra,
+            exit,
+            session_task,
+        }
+    }
+
+    /// Shuts the state store client down and ends the session gracefully.
+    pub async fn close(self) {
+        for (i, c) in self.extra.iter().enumerate() {
+            c.shutdown()
+                .await
+                .unwrap_or_else(|e| panic!("{}: extra client {i} shutdown failed: {e}", self.id));
+        }
+        self.state_store
+            .shutdown()
+            .await
+            .unwrap_or_else(|e| panic!("{}: state store shutdown failed: {e}", self.id));
+        self.exit
+            .try_exit()
+            .unwrap_or_else(|e| panic!("{}: session exit failed: {e}", self.id));
+        let res = tokio::time::timeout(Duration::from_secs(10), self.session_task)
+            .await
+            .unwrap_or_else(|_| panic!("{}: session did not end within 10 s", self.id))
+            .expect("session task panicked");
+        res.unwrap_or_else(|e| panic!("{}: session ended with an error: {e}", self.id));
+    }
+}
+
+/// Upper-case hex of raw bytes, as used in notification topics.
+pub fn hex_upper(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0x0f) as usize] as char);
+    }
+    out
+}
+
+/// Orders two HLCs by (timestamp, counter); node ids only break exact ties.
+pub fn hlc_cmp(a: &HybridLogicalClock, b: &HybridLogicalClock) -> Ordering {
+    a.timestamp
+        .cmp(&b.timestamp)
+        .then(a.counter.cmp(&b.counter))
+        .then_with(|| a.node_id.cmp(&b.node_id))
+}
+
+/// Asserts `newer` is strictly later than `older`.
+#[track_caller]
+pub fn assert_later(newer: &HybridLogicalClock, older: &HybridLogicalClock, what: &str) {
+    assert_eq!(
+        hlc_cmp(newer, older),
+        Ordering::Greater,
+        "{what}: expected {newer} to be later than {older}"
+    );
+}
+
+/// Milliseconds since the epoch of an HLC's timestamp.
+pub fn hlc_ms(h: &HybridLogicalClock) -> u128 {
+    h.timestamp.duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// An HLC with the given timestamp offset from now (may be negative) and a fixed node id.
+pub fn hlc_at_offset(offset_ms: i64, node_id: &str) -> HybridLogicalClock {
+    let now = SystemTime::now();
+    let timestamp = if offset_ms >= 0 {
+        now + Duration::from_millis(offset_ms as u64)
+    } else {
+        now - Duration::from_millis(offset_ms.unsigned_abs())
+    };
+    // HLCs carry millisecond precision on the wire.
+    let ms = timestamp.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    HybridLogicalClock {
+        timestamp: UNIX_EPOCH + Duration::from_millis(ms),
+        counter: 0,
+        node_id: node_id.to_string(),
+    }
+}
+
+/// The lowest well-formed HLC: `000000000000000:00000:<node>`.
+pub fn hlc_zero(node_id: &str) -> HybridLogicalClock {
+    HybridLogicalClock {
+        timestamp: UNIX_EPOCH,
+        counter: 0,
+        node_id: node_id.to_string(),
+    }
+}
+
+/// Returns the `ServiceError` inside a state store error, or panics with the whole error.
+#[track_caller]
+pub fn service_error(e: &state_store::Error) -> &ServiceError {
+    match e.kind() {
+        ErrorKind::ServiceError(se) => se,
+        other => panic!("expected a state store ServiceError, got {other:?}"),
+    }
+}
+
+/// Waits up to `within` for the next notification on `obs`.
+#[track_caller]
+pub fn next_notification<'a>(
+    obs: &'a mut KeyObservation,
+    within: Duration,
+) -> impl std::future::Future<Output = KeyNotification> + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(within, obs.recv_notification()).await {
+            Ok(Some((n, _ack))) => n,
+            Ok(None) => panic!("{caller}: observation channel closed while waiting"),
+            Err(_) => panic!("{caller}: no key notification within {within:?}"),
+        }
+    }
+}
+
+/// Asserts that no notification arrives on `obs` for `quiet`.
+#[track_caller]
+pub fn no_notification<'a>(
+    obs: &'a mut KeyObservation,
+    quiet: Duration,
+) -> impl std::future::Future<Output = ()> + 'a {
+    let caller = std::panic::Location::caller();
+    async move {
+        match tokio::time::timeout(quiet, obs.recv_notification()).await {
+            Err(_) => {}
+            Ok(Some((n, _))) => panic!("{caller}: unexpected notification {n}"),
+            Ok(None) => panic!("{caller}: observation channel closed (disconnected?)"),
+        }
+    }
+}
+
+/// Asserts a notification is a SET carrying `value`.
+#[track_caller]
+pub fn assert_set_notification(n: &KeyNotification, key: &[u8], value: &[u8]) {
+    assert_eq!(n.key, key, "notification key");
+    match &n.operation {
+        Operation::Set(v) => assert_eq!(v.as_slice(), value, "notified value"),
+        Operation::Del => panic!("expected SET notification, got DELETE"),
+    }
+}
+
+/// Asserts a notification is a DELETE.
+#[track_caller]
+pub fn assert_del_notification(n: &KeyNotification, key: &[u8]) {
+    assert_eq!(n.key, key, "notification key");
+    assert_eq!(n.operation, Operation::Del, "expected DELETE notification");
+}
+
+/// A raw view of the MQTT publishes reaching one session on its key-notification topics,
+/// independent of the SDK's own filtering (which silently drops malformed notifications).
+pub struct NotificationTap {
+    rx: SessionPubReceiver,
+}
+
+impl NotificationTap {
+    /// Subscribes `client`'s session to its own notification topics and taps them.
+    pub async fn attach(client: &AioClient) -> NotificationTap {
+        let filter = format!(
+            "{NOTIFY_PREFIX}{}/command/notify/+",
+            hex_upper(client.id.as_bytes())
+        );
+        let topic_filter = TopicFilter::new(filter).expect("topic filter");
+        let rx = client
+            .managed
+            .create_filtered_pub_receiver(topic_filter.clone());
+        let token = client
+            .managed
+            .subscribe(
+                topic_filter,
+                QoS::AtLeastOnce,
+                false,
+                RetainOptions::default(),
+                SubscribeProperties::default(),
+            )
+            .await
+            .expect("subscribe issued");
+        tokio::time::timeout(Duration::from_secs(10), token)
+            .await
+            .expect("SUBACK within 10 s")
+            .expect("subscribe completed");
+        NotificationTap { rx }
+    }
+
+    /// The next raw notification publish, waiting up to `within`.
+    #[track_caller]
+    pub fn next<'a>(
+        &'a mut self,
+        within: Duration,
+    ) -> impl std::future::Future<Output = Publish> + 'a {
+        let caller = std::panic::Location::caller();
+        async move {
+            match tokio::time::timeout(within, self.rx.recv()).await {
+                Ok(Some(p)) => p,
+                Ok(None) => panic!("{caller}: tap closed"),
+                Err(_) => panic!("{caller}: no notification publish within {within:?}"),
+            }
+        }
+    }
+
+    /// Asserts no notification publish arrives for `quiet`.
+    #[track_caller]
+    pub fn silent<'a>(&'a mut self, quiet: Duration) -> impl std::future::Future<Output = ()> + 'a {
+        let caller = std::panic::Location::caller();
+        async move {
+            match tokio::time::timeout(quiet, self.rx.recv()).await {
+                Err(_) => {}
+                Ok(Some(p)) => panic!(
+                    "{caller}: unexpected notification publish on {} payload {:?}",
+                    p.topic_name,
+                    String::from_utf8_lossy(&p.payload)
+                ),
+                Ok(None) => panic!("{caller}: tap closed"),
+            }
+        }
+    }
+}
+
+/// Looks up a user property on a publish.
+pub fn user_property<'a>(p: &'a Publish, name: &str) -> Option<&'a str> {
+    p.properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Whether a publish was delivered at QoS 1.
+pub fn is_qos1(p: &Publish) -> bool {
+    matches!(p.qos, DeliveryQoS::AtLeastOnce(_))
+}
+
+/// Milliseconds elapsed since `t`.
+pub fn ms_since(t: Instant) -> u128 {
+    t.elapsed().as_millis()
+}

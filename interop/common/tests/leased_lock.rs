@@ -1,0 +1,651 @@
+//! mqkv driven by the official AIO Rust SDK lease and lock clients (`leased_lock` feature).
+//!
+//! The lease/lock helpers are purely client-side: `SET name holder NEX PX ms` to acquire or
+//! renew, the SET response's `__ts` as fencing token, `VDEL name holder` to release and
+//! KEYNOTIFY to wait. Shared by the `aio-stable` and `aio-beta` crates.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use azure_iot_operations_services::leased_lock::{self, lease, lock};
+use azure_iot_operations_services::state_store::{ServiceError, SetOptions};
+
+use support::*;
+
+#[track_caller]
+fn assert_lease_already_held(r: Result<impl std::fmt::Debug, leased_lock::Error>) {
+    match r {
+        Err(e) => assert!(
+            matches!(e.kind(), leased_lock::ErrorKind::LeaseAlreadyHeld),
+            "expected LeaseAlreadyHeld, got {e:?}"
+        ),
+        Ok(v) => panic!("expected LeaseAlreadyHeld, but the lease was acquired: {v:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_acquire_renew_release_and_holder() {
+    let server = Server::start("lease_acquire_renew_release_and_holder");
+    let a = AioClient::connect(&server, &client_id("lease", "a")).await;
+    let b = AioClient::connect(&server, &client_id("lease", "b")).await;
+    let name = b"lease/one".to_vec();
+    let lease_a = lease::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lease_b = lease::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    assert_eq!(
+        lease_a.get_holder(TIMEOUT).await.unwrap(),
+        None,
+        "nobody holds a fresh lease"
+    );
+
+    let t1 = lease_a
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .expect("acquire a free lease");
+    assert_eq!(lease_a.current_lease_fencing_token().as_ref(), Some(&t1));
+    assert_eq!(
+        lease_a.get_holder(TIMEOUT).await.unwrap(),
+        Some(a.id.clone().into_bytes())
+    );
+    assert_eq!(
+        lease_b.get_holder(TIMEOUT).await.unwrap(),
+        Some(a.id.clone().into_bytes())
+    );
+
+    // Contention: B is refused while A holds it.
+    assert_lease_already_held(
+        lease_b
+            .acquire(Duration::from_secs(10), TIMEOUT, None)
+            .await,
+    );
+    assert_eq!(lease_b.current_lease_fencing_token(), None);
+
+    // Renewal by the holder: a new, later token from the same server node. Sequential
+    // renewals get the same HLC counter (versions come from the server clock).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t2 = lease_a
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .expect("renew");
+    assert_later(&t2, &t1, "renewed lease token");
+    assert_eq!(
+        t2.node_id, t1.node_id,
+        "fencing tokens must come from one stable server node id"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t3 = lease_a
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .expect("renew again");
+    assert_later(&t3, &t2, "second renewal token");
+    assert_eq!(t3.node_id, t2.node_id);
+    assert_eq!(
+        t3.counter, t2.counter,
+        "renewals 1.5 s apart should carry equal HLC counters"
+    );
+    assert_eq!(lease_a.current_lease_fencing_token().as_ref(), Some(&t3));
+
+    // Release by a non-holder does not free it (VDEL value mismatch).
+    lease_b
+        .release(TIMEOUT)
+        .await
+        .expect("release by a non-holder is not an error");
+    assert_eq!(
+        lease_a.get_holder(TIMEOUT).await.unwrap(),
+        Some(a.id.clone().into_bytes())
+    );
+
+    // Release by the holder frees it; B can take it and gets a later token.
+    lease_a.release(TIMEOUT).await.unwrap();
+    assert_eq!(lease_a.current_lease_fencing_token(), None);
+    assert_eq!(lease_a.get_holder(TIMEOUT).await.unwrap(), None);
+    let t4 = lease_b
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .expect("B acquires after release");
+    assert_later(&t4, &t3, "next holder's token");
+    assert_eq!(
+        lease_b.get_holder(TIMEOUT).await.unwrap(),
+        Some(b.id.clone().into_bytes())
+    );
+    assert_lease_already_held(
+        lease_a
+            .acquire(Duration::from_secs(10), TIMEOUT, None)
+            .await,
+    );
+    lease_b.release(TIMEOUT).await.unwrap();
+    assert_eq!(lease_b.get_holder(TIMEOUT).await.unwrap(), None);
+
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expires_and_observer_sees_delete() {
+    let server = Server::start("lease_expires_and_observer_sees_delete");
+    let a = AioClient::connect(&server, &client_id("leaseexp", "a")).await;
+    let b = AioClient::connect(&server, &client_id("leaseexp", "b")).await;
+    let name = b"lease/expiring".to_vec();
+    let lease_a = lease::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lease_b = lease::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let mut obs = lease_b.observe(TIMEOUT).await.expect("observe the lease");
+    let acquired = Instant::now();
+    let ta = lease_a
+        .acquire(Duration::from_millis(1500), TIMEOUT, None)
+        .await
+        .unwrap();
+    let n = next_notification(&mut obs, Duration::from_secs(5)).await;
+    assert_set_notification(&n, &name, a.id.as_bytes());
+    assert_eq!(
+        n.version, ta,
+        "the SET notification version is the holder's fencing token"
+    );
+    assert_lease_already_held(lease_b.acquire(Duration::from_secs(5), TIMEOUT, None).await);
+
+    // The lease runs out without renewal: DELETE arrives promptly after 1.5 s.
+    let d = next_notification(&mut obs, Duration::from_millis(1500 + 2000)).await;
+    let elapsed = ms_since(acquired);
+    assert_del_notification(&d, &name);
+    assert!(
+        elapsed >= 1300,
+        "lease DELETE {elapsed} ms after a 1.5 s lease: too early"
+    );
+    assert_eq!(lease_b.get_holder(TIMEOUT).await.unwrap(), None);
+
+    let tb = lease_b
+        .acquire(Duration::from_secs(5), TIMEOUT, None)
+        .await
+        .expect("B acquires the expired lease");
+    assert_later(&tb, &ta, "token after expiry");
+    assert_set_notification(
+        &next_notification(&mut obs, Duration::from_secs(5)).await,
+        &name,
+        b.id.as_bytes(),
+    );
+    assert!(lease_b.unobserve(TIMEOUT).await.unwrap());
+    lease_b.release(TIMEOUT).await.unwrap();
+
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_auto_renewal_keeps_it_held() {
+    let server = Server::start("lease_auto_renewal_keeps_it_held");
+    let a = AioClient::connect(&server, &client_id("leaserenew", "a")).await;
+    let b = AioClient::connect(&server, &client_id("leaserenew", "b")).await;
+    let name = b"lease/renewed".to_vec();
+    let lease_a = lease::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lease_b = lease::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let mut obs = lease_b.observe(TIMEOUT).await.unwrap();
+    let t1 = lease_a
+        .acquire(
+            Duration::from_millis(1500),
+            TIMEOUT,
+            Some(Duration::from_millis(400)),
+        )
+        .await
+        .unwrap();
+
+    // Well past the 1.5 s expiry, the lease is still A's thanks to renewals.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(
+        lease_b.get_holder(TIMEOUT).await.unwrap(),
+        Some(a.id.clone().into_bytes())
+    );
+    assert_lease_already_held(lease_b.acquire(Duration::from_secs(5), TIMEOUT, None).await);
+    let latest = lease_a
+        .current_lease_fencing_token()
+        .expect("A still holds a token");
+    assert_later(&latest, &t1, "auto-renewed token");
+
+    // The observer saw the initial SET and several renewal SETs, and no DELETE.
+    let mut sets = 0;
+    while let Ok(Some((n, _))) =
+        tokio::time::timeout(Duration::from_millis(200), obs.recv_notification()).await
+    {
+        assert_set_notification(&n, &name, a.id.as_bytes());
+        sets += 1;
+    }
+    assert!(
+        sets >= 5,
+        "expected the initial SET and at least 4 renewals, saw {sets} SET notifications"
+    );
+
+    lease_a.release(TIMEOUT).await.unwrap();
+    assert_del_notification(
+        &next_notification(&mut obs, Duration::from_secs(5)).await,
+        &name,
+    );
+    // Renewal stopped with the release: nobody re-creates the lease.
+    no_notification(&mut obs, Duration::from_millis(1200)).await;
+    lease_b
+        .acquire(Duration::from_secs(5), TIMEOUT, None)
+        .await
+        .expect("B acquires after release");
+    lease_b.release(TIMEOUT).await.unwrap();
+    assert!(lease_b.unobserve(TIMEOUT).await.unwrap());
+
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_fencing_token_guards_protected_key() {
+    let server = Server::start("lease_fencing_token_guards_protected_key");
+    let a = AioClient::connect(&server, &client_id("leasefence", "a")).await;
+    let b = AioClient::connect(&server, &client_id("leasefence", "b")).await;
+    let name = b"lease/fence".to_vec();
+    let protected = b"lease/fence/protected".to_vec();
+    let lease_a = lease::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lease_b = lease::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let ta = lease_a
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap();
+    assert!(
+        a.state_store
+            .set(
+                protected.clone(),
+                b"by-a".to_vec(),
+                TIMEOUT,
+                Some(ta.clone()),
+                SetOptions::default()
+            )
+            .await
+            .unwrap()
+            .response
+    );
+    assert!(
+        a.state_store
+            .set(
+                protected.clone(),
+                b"by-a-2".to_vec(),
+                TIMEOUT,
+                Some(ta.clone()),
+                SetOptions::default()
+            )
+            .await
+            .unwrap()
+            .response
+    );
+    lease_a.release(TIMEOUT).await.unwrap();
+
+    let tb = lease_b
+        .acquire(Duration::from_secs(10), TIMEOUT, None)
+        .await
+        .unwrap();
+    assert_later(&tb, &ta, "second holder's token");
+    assert!(
+        b.state_store
+            .set(
+                protected.clone(),
+                b"by-b".to_vec(),
+                TIMEOUT,
+                Some(tb.clone()),
+                SetOptions::default()
+            )
+            .await
+            .unwrap()
+            .response
+    );
+
+    // The stale holder is fenced off.
+    let e = a
+        .state_store
+        .set(
+            protected.clone(),
+            b"stale".to_vec(),
+            TIMEOUT,
+            Some(ta.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "stale SET: {e:?}"
+    );
+    let e = a
+        .state_store
+        .del(protected.clone(), Some(ta.clone()), TIMEOUT)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "stale DEL: {e:?}"
+    );
+    let e = a
+        .state_store
+        .vdel(
+            protected.clone(),
+            b"by-b".to_vec(),
+            Some(ta.clone()),
+            TIMEOUT,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "stale VDEL: {e:?}"
+    );
+    let e = a
+        .state_store
+        .set(
+            protected.clone(),
+            b"none".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(service_error(&e), ServiceError::MissingFencingToken),
+        "SET without token: {e:?}"
+    );
+    assert_eq!(
+        a.state_store
+            .get(protected.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response
+            .as_deref(),
+        Some(&b"by-b"[..])
+    );
+
+    // The current holder can delete it.
+    assert_eq!(
+        b.state_store
+            .del(protected.clone(), Some(tb.clone()), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        1
+    );
+    lease_b.release(TIMEOUT).await.unwrap();
+
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_waiter_acquires_after_release() {
+    let server = Server::start("lock_waiter_acquires_after_release");
+    let a = AioClient::connect(&server, &client_id("lockrel", "a")).await;
+    let b = AioClient::connect(&server, &client_id("lockrel", "b")).await;
+    let name = b"lock/released".to_vec();
+    let protected = b"lock/released/data".to_vec();
+    let lock_a = lock::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lock_b = lock::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let ta = lock_a
+        .lock(Duration::from_secs(20), TIMEOUT, None)
+        .await
+        .expect("A locks a free lock");
+    assert_eq!(lock_a.current_lock_fencing_token().as_ref(), Some(&ta));
+    assert!(
+        a.state_store
+            .set(
+                protected.clone(),
+                b"a".to_vec(),
+                TIMEOUT,
+                Some(ta.clone()),
+                SetOptions::default()
+            )
+            .await
+            .unwrap()
+            .response
+    );
+
+    let waiter = tokio::spawn({
+        let lock_b = lock_b.clone();
+        async move {
+            let t = lock_b.lock(Duration::from_secs(20), TIMEOUT, None).await;
+            (t, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!waiter.is_finished(), "B got the lock while A holds it");
+    assert_eq!(
+        a.state_store
+            .get(name.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        Some(a.id.clone().into_bytes())
+    );
+
+    let released = Instant::now();
+    lock_a.unlock(TIMEOUT).await.unwrap();
+    let (tb, got_it) = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("B did not get the lock within 5 s of A's unlock")
+        .expect("waiter task");
+    let tb = tb.expect("B's lock call failed");
+    let wait_ms = got_it.duration_since(released).as_millis();
+    assert!(
+        wait_ms < 3000,
+        "B took {wait_ms} ms to get the lock after the release"
+    );
+    assert_later(&tb, &ta, "B's lock token");
+    assert_eq!(lock_b.current_lock_fencing_token().as_ref(), Some(&tb));
+    assert_eq!(
+        b.state_store
+            .get(name.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        Some(b.id.clone().into_bytes())
+    );
+
+    // B's token opens the protected key, A's no longer does.
+    assert!(
+        b.state_store
+            .set(
+                protected.clone(),
+                b"b".to_vec(),
+                TIMEOUT,
+                Some(tb.clone()),
+                SetOptions::default()
+            )
+            .await
+            .unwrap()
+            .response
+    );
+    let e = a
+        .state_store
+        .set(
+            protected.clone(),
+            b"late".to_vec(),
+            TIMEOUT,
+            Some(ta.clone()),
+            SetOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(service_error(&e), ServiceError::FencingTokenLowerVersion),
+        "{e:?}"
+    );
+
+    lock_b.unlock(TIMEOUT).await.unwrap();
+    assert_eq!(
+        a.state_store
+            .get(name.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        None
+    );
+
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_waiter_acquires_after_expiry() {
+    let server = Server::start("lock_waiter_acquires_after_expiry");
+    let a = AioClient::connect(&server, &client_id("lockexp", "a")).await;
+    let b = AioClient::connect(&server, &client_id("lockexp", "b")).await;
+    let name = b"lock/expiring".to_vec();
+    let lock_a = lock::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lock_b = lock::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let locked = Instant::now();
+    let ta = lock_a
+        .lock(Duration::from_millis(2000), TIMEOUT, None)
+        .await
+        .unwrap();
+    // A never unlocks; only the expiry's DELETE notification can wake B.
+    let waiter = tokio::spawn({
+        let lock_b = lock_b.clone();
+        async move {
+            let t = lock_b.lock(Duration::from_secs(10), TIMEOUT, None).await;
+            (t, Instant::now())
+        }
+    });
+    let (tb, got_it) = tokio::time::timeout(Duration::from_millis(2000 + 3000), waiter)
+        .await
+        .expect("B was not woken by the lock's expiry within 3 s after it")
+        .expect("waiter task");
+    let tb = tb.expect("B's lock call failed");
+    let after_ms = got_it.duration_since(locked).as_millis();
+    assert!(
+        after_ms >= 1800,
+        "B got the lock {after_ms} ms after A's 2 s lock: too early"
+    );
+    assert_later(&tb, &ta, "B's token after expiry");
+    assert_eq!(
+        a.state_store
+            .get(name.clone(), TIMEOUT)
+            .await
+            .unwrap()
+            .response,
+        Some(b.id.clone().into_bytes())
+    );
+
+    lock_b.unlock(TIMEOUT).await.unwrap();
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_auto_renewal_blocks_waiter_until_unlock() {
+    let server = Server::start("lock_auto_renewal_blocks_waiter_until_unlock");
+    let a = AioClient::connect(&server, &client_id("lockrenew", "a")).await;
+    let b = AioClient::connect(&server, &client_id("lockrenew", "b")).await;
+    let name = b"lock/renewed".to_vec();
+    let lock_a = lock::Client::new(
+        a.state_store.clone(),
+        name.clone(),
+        a.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let lock_b = lock::Client::new(
+        b.state_store.clone(),
+        name.clone(),
+        b.id.clone().into_bytes(),
+    )
+    .unwrap();
+
+    let ta = lock_a
+        .lock(
+            Duration::from_millis(1500),
+            TIMEOUT,
+            Some(Duration::from_millis(400)),
+        )
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let lock_b = lock_b.clone();
+        async move { lock_b.lock(Duration::from_secs(10), TIMEOUT, None).await }
+    });
+    // Several expiry periods pass; renewals (successful SETs) do not wake B for good.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert!(
+        !waiter.is_finished(),
+        "B got the lock although A keeps renewing it"
+    );
+    let renewed = lock_a
+        .current_lock_fencing_token()
+        .expect("A still holds the lock");
+    assert_later(&renewed, &ta, "auto-renewed lock token");
+
+    lock_a.unlock(TIMEOUT).await.unwrap();
+    let tb = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("B did not get the lock within 5 s of the unlock")
+        .expect("waiter task")
+        .expect("B's lock call failed");
+    assert_later(&tb, &renewed, "B's token after A's renewals");
+    lock_b.unlock(TIMEOUT).await.unwrap();
+
+    a.close().await;
+    b.close().await;
+}
