@@ -26,3 +26,6 @@ fi
 
 # Python interop suite against the freshly built server.
 MQKV_BIN="$PWD/target/debug/mqkv" python3 -m pytest tests/python -q
+
+# The official Azure IoT Operations Rust SDK (stable and beta) against the server.
+MQKV_BIN="$PWD/target/debug/mqkv" bash scripts/interop-aio.sh
