@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use mqkv_broker::Broker;
+use mqkv_raft::StoreNode;
 
 pub use config::{ServerConfig, StorageKind};
 
@@ -17,12 +18,15 @@ pub struct Server {
     /// The bound listener addresses, in configuration order.
     pub listeners: Vec<SocketAddr>,
     saver: Option<persistence::Saver>,
+    node: StoreNode,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
     Persist(#[from] persistence::PersistError),
+    #[error(transparent)]
+    Store(#[from] mqkv_raft::OpenError),
     #[error("cannot load broker state: {0}")]
     Import(#[from] mqkv_broker::persist::ImportError),
     #[error("cannot listen on {addr}: {source}")]
@@ -57,7 +61,14 @@ impl Server {
         store_config.max_keys = store.max_keys;
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
-        statestore::StateStoreService::spawn(&broker, store_config);
+        let notifier = statestore::Notifier::new(&broker);
+        let node = match config.storage {
+            StorageKind::Memory => StoreNode::open_memory(store_config, notifier.hook()).await?,
+            StorageKind::Disk => {
+                StoreNode::open_disk(&config.data_dir, store_config, notifier.hook()).await?
+            }
+        };
+        statestore::StateStoreService::spawn(&broker, node.clone(), notifier);
         let mut listeners = Vec::new();
         for addr in &config.listen {
             let bound = broker
@@ -73,6 +84,7 @@ impl Server {
             broker,
             listeners,
             saver,
+            node,
         })
     }
 
@@ -83,6 +95,9 @@ impl Server {
             if let Err(e) = saver.finish().await {
                 tracing::error!(error = %e, "saving broker state at shutdown failed");
             }
+        }
+        if let Err(e) = self.node.shutdown().await {
+            tracing::error!(error = %e, "closing the state store failed");
         }
     }
 }

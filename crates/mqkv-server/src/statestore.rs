@@ -3,17 +3,21 @@
 //!
 //! The service claims the request topic, so it sees every request together with the connection
 //! identity of the client that sent it. It validates what only the receiving node can judge
-//! (protocol version, timestamp syntax and clock skew, who may observe what), builds a log entry
-//! carrying the wall clock, and applies it. Key observations (KEYNOTIFY) are node-local: they
-//! belong to one connection and end with it.
+//! (protocol version, timestamp syntax and clock skew), builds a log entry carrying the wall
+//! clock, and hands it to the replicated log ([`StoreNode::write`]); the answer goes out once the
+//! entry is durable and applied. Reads (GET, SCAN) are served from the applied state. Key
+//! observations (KEYNOTIFY) are node-local: they belong to one connection and end with it.
 //!
-//! Ordering guarantee: the notifications a request causes are put into the observers' sessions
-//! before the request's response is published, so a client that observes and mutates the same
-//! key sees the notification first.
+//! Ordering guarantee: notifications are sent from the apply hook, in log order, before
+//! `write` returns, so the notifications a request causes are in the observers' sessions before
+//! the request's response is published; a client that observes and mutates the same key sees the
+//! notification first.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use mqkv_broker::codec::{Properties, QoS};
@@ -23,8 +27,9 @@ use mqkv_protocol::{
     is_reserved_response_topic, notification_topic, parse_request_bytes, Command, Hlc, Response,
     NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
 };
-use mqkv_store::{Applied, DedupId, Entry, Op, Request, StateMachine, StoreConfig};
-use tokio::sync::mpsc;
+use mqkv_raft::{ApplyHook, StoreNode};
+use mqkv_store::{Applied, DedupId, Entry, Op, Request};
+use tokio::sync::{mpsc, Notify};
 
 /// How long a request's answer is remembered for redeliveries when the request carries no
 /// message expiry (the SDKs always send one).
@@ -101,58 +106,128 @@ impl Observers {
     }
 }
 
+/// Sends key notifications; shared by the apply hook and the request path (KEYNOTIFY).
+pub struct Notifier {
+    broker: Broker,
+    observers: Mutex<Observers>,
+    /// Poked after every applied entry: the earliest key deadline may have changed.
+    applied: Notify,
+}
+
+impl Notifier {
+    pub fn new(broker: &Broker) -> Arc<Notifier> {
+        Arc::new(Notifier {
+            broker: broker.clone(),
+            observers: Mutex::new(Observers::default()),
+            applied: Notify::new(),
+        })
+    }
+
+    /// The hook to install in the store: notifies observers of every applied change.
+    pub fn hook(self: &Arc<Self>) -> ApplyHook {
+        let me = self.clone();
+        Arc::new(move |applied: &Applied| {
+            me.notify(applied);
+            me.applied.notify_one();
+        })
+    }
+
+    /// Sends every change's notification to every observer of the key.
+    fn notify(&self, applied: &Applied) {
+        for event in &applied.events {
+            let observers = self.observers.lock().observers_of(&event.key);
+            if observers.is_empty() {
+                continue;
+            }
+            let payload = event.notification().encode();
+            for client in observers {
+                let msg = OutboundMessage {
+                    topic: notification_topic(client.as_bytes(), &event.key),
+                    payload: payload.clone(),
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    properties: Properties {
+                        content_type: Some(prop::CONTENT_TYPE.to_owned()),
+                        user_properties: vec![
+                            (prop::TIMESTAMP.to_owned(), event.version.to_string()),
+                            (
+                                prop::PROTOCOL_VERSION.to_owned(),
+                                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+                            ),
+                        ],
+                        ..Default::default()
+                    },
+                };
+                self.broker.deliver(&client, msg);
+            }
+        }
+    }
+}
+
 /// The running service.
 pub struct StateStoreService {
     broker: Broker,
-    machine: StateMachine,
-    observers: Observers,
+    node: StoreNode,
+    notifier: Arc<Notifier>,
 }
 
 impl StateStoreService {
-    /// Claims the request topic on `broker` and runs the service until the broker goes away.
-    pub fn spawn(broker: &Broker, config: StoreConfig) -> tokio::task::JoinHandle<()> {
+    /// Claims the request topic on `broker` and serves it from `node` until the broker goes
+    /// away. `notifier` must be the one whose hook `node` was opened with.
+    pub fn spawn(broker: &Broker, node: StoreNode, notifier: Arc<Notifier>) -> tokio::task::JoinHandle<()> {
         // The notification namespace is claimed too, so no client can publish forged
         // notifications into it; the service drops whatever arrives there.
         let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
         let rx = broker.claim(&[REQUEST_TOPIC, &notify_filter], 4096);
-        let service = StateStoreService {
+        let service = Arc::new(StateStoreService {
             broker: broker.clone(),
-            machine: StateMachine::new(config),
-            observers: Observers::default(),
-        };
+            node,
+            notifier,
+        });
+        tokio::spawn(service.clone().expire_loop());
         tokio::spawn(service.run(rx))
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<ServiceEvent>) {
-        loop {
-            let next_expiry = self.machine.next_expiry_ms();
-            let sleep = async {
-                match next_expiry {
-                    Some(at) => {
-                        let wait = at.saturating_sub(now_ms());
-                        tokio::time::sleep(Duration::from_millis(wait)).await
-                    }
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                ev = rx.recv() => match ev {
-                    Some(ServiceEvent::Publish(p)) => self.request(p),
-                    Some(ServiceEvent::Connected(_)) => {}
-                    Some(ServiceEvent::Disconnected(who)) => {
-                        self.observers.connection_closed(who.connection_id)
-                    }
-                    None => break,
-                },
-                _ = sleep => {
-                    let applied = self.machine.apply(&Entry { now_ms: now_ms(), op: Op::ExpireDue });
-                    self.notify(&applied);
-                }
+    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<ServiceEvent>) {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                ServiceEvent::Publish(p) => self.request(p),
+                ServiceEvent::Connected(_) => {}
+                ServiceEvent::Disconnected(who) => self
+                    .notifier
+                    .observers
+                    .lock()
+                    .connection_closed(who.connection_id),
             }
         }
     }
 
-    fn request(&mut self, p: ServicePublish) {
+    /// Proposes an expiry entry whenever the earliest key deadline passes.
+    async fn expire_loop(self: Arc<Self>) {
+        loop {
+            let next = self.node.read(|m| m.next_expiry_ms());
+            let wait = match next {
+                Some(at) => Duration::from_millis(at.saturating_sub(now_ms())),
+                None => Duration::from_secs(3600),
+            };
+            if wait.is_zero() {
+                match self.node.write(Entry { now_ms: now_ms(), op: Op::ExpireDue }).await {
+                    Ok(_) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "expiring keys failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.notifier.applied.notified() => {}
+            }
+        }
+    }
+
+    fn request(self: &Arc<Self>, p: ServicePublish) {
         if p.topic != REQUEST_TOPIC {
             tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
             return;
@@ -216,26 +291,28 @@ impl StateStoreService {
         }
         match &request.command {
             Command::KeyNotify { key, stop } => {
+                let mut observers = self.notifier.observers.lock();
                 let response = if *stop {
-                    if self.observers.stop(&p.from, key) {
+                    if observers.stop(&p.from, key) {
                         Response::Ok
                     } else {
                         Response::Integer(0)
                     }
                 } else {
-                    self.observers.start(&p.from, key);
+                    observers.start(&p.from, key);
                     Response::Ok
                 };
+                drop(observers);
                 self.respond(&reply, &response, None);
             }
-            Command::Get { key } => match self.machine.get(key, now) {
+            Command::Get { key } => match self.node.read(|m| m.get(key, now)) {
                 Some((value, version)) => {
                     self.respond(&reply, &Response::Value(value), Some(&version))
                 }
                 None => self.respond(&reply, &Response::Nil, None),
             },
             Command::Scan { pattern, token } => {
-                let page = self.machine.scan(pattern, token.as_deref(), now);
+                let page = self.node.read(|m| m.scan(pattern, token.as_deref(), now));
                 self.respond(&reply, &page, None);
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
@@ -247,43 +324,20 @@ impl StateStoreService {
                     correlation: reply.correlation.clone(),
                     expires_at_ms: now.saturating_add(window),
                 });
-                let applied = self.machine.apply(&Entry {
-                    now_ms: now,
-                    op: Op::Request(request),
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let entry = Entry {
+                        now_ms: now,
+                        op: Op::Request(request),
+                    };
+                    match me.node.write(entry).await {
+                        Ok(applied) => me.respond(&reply, &applied.response, applied.version.as_ref()),
+                        Err(e) => {
+                            tracing::error!(error = %e, "state store write failed");
+                            me.unavailable(&reply, &e.to_string());
+                        }
+                    }
                 });
-                self.notify(&applied);
-                self.respond(&reply, &applied.response, applied.version.as_ref());
-            }
-        }
-    }
-
-    /// Sends every change's notification to every observer of the key.
-    fn notify(&self, applied: &Applied) {
-        for event in &applied.events {
-            let observers = self.observers.observers_of(&event.key);
-            if observers.is_empty() {
-                continue;
-            }
-            let payload = event.notification().encode();
-            for client in observers {
-                let msg = OutboundMessage {
-                    topic: notification_topic(client.as_bytes(), &event.key),
-                    payload: payload.clone(),
-                    qos: QoS::AtLeastOnce,
-                    retain: false,
-                    properties: Properties {
-                        content_type: Some(prop::CONTENT_TYPE.to_owned()),
-                        user_properties: vec![
-                            (prop::TIMESTAMP.to_owned(), event.version.to_string()),
-                            (
-                                prop::PROTOCOL_VERSION.to_owned(),
-                                prop::PROTOCOL_VERSION_VALUE.to_owned(),
-                            ),
-                        ],
-                        ..Default::default()
-                    },
-                };
-                self.broker.deliver(&client, msg);
             }
         }
     }
@@ -324,6 +378,16 @@ impl StateStoreService {
                 prop::PROTOCOL_VERSION.to_owned(),
                 prop::PROTOCOL_VERSION_VALUE.to_owned(),
             ),
+        ];
+        self.send(reply, Bytes::new(), user_properties);
+    }
+
+    /// The store could not take the request (it is shutting down or its disk failed).
+    fn unavailable(&self, reply: &Reply, why: &str) {
+        let user_properties = vec![
+            (prop::STATUS.to_owned(), "503".to_owned()),
+            (prop::STATUS_MESSAGE.to_owned(), why.to_owned()),
+            (prop::PROTOCOL_VERSION.to_owned(), prop::PROTOCOL_VERSION_VALUE.to_owned()),
         ];
         self.send(reply, Bytes::new(), user_properties);
     }

@@ -12,7 +12,11 @@
 //! - the table never holds more than [`CAPACITY`] answers; when full, the
 //!   answer closest to expiry is forgotten first;
 //! - only writes are remembered: reads are idempotent, and not caching GET
-//!   values keeps the table small.
+//!   values keeps the table small;
+//! - an answer is repeated only for the same request: the identity (client
+//!   id, correlation data) must match and so must a fingerprint of the
+//!   command, so a client that reuses correlation data for a different
+//!   command gets that command executed, not an unrelated earlier answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -33,6 +37,7 @@ pub const MAX_RETENTION_MS: u64 = 10 * 60 * 1000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Remembered {
     expires_at_ms: u64,
+    fingerprint: u64,
     response: Response,
     version: Option<Hlc>,
 }
@@ -69,14 +74,14 @@ impl DedupTable {
 
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
-    pub(crate) fn lookup(&self, id: &DedupId, now_ms: u64) -> Option<Applied> {
+    pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
         let remembered = self.entries.get(&identity(id))?;
-        (remembered.expires_at_ms > now_ms)
+        (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
 
     /// Remembers the answer to a request.
-    pub(crate) fn remember(&mut self, id: &DedupId, applied: &Applied, now_ms: u64) {
+    pub(crate) fn remember(&mut self, id: &DedupId, fingerprint: u64, applied: &Applied, now_ms: u64) {
         let expires_at_ms = id
             .expires_at_ms
             .min(now_ms.saturating_add(MAX_RETENTION_MS));
@@ -98,11 +103,23 @@ impl DedupTable {
             key,
             Remembered {
                 expires_at_ms,
+                fingerprint,
                 response: applied.response.clone(),
                 version: applied.version.clone(),
             },
         );
     }
+}
+
+/// A stable 64-bit fingerprint of a request (FNV-1a over its wire encoding):
+/// the same on every replica and across versions, unlike `std`'s hasher.
+pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
+    command
+        .encode()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
 }
 
 /// Serialized as a flat list; the expiry index is rebuilt on load so the two
@@ -226,9 +243,9 @@ mod tests {
     fn retention_is_capped() {
         let mut table = DedupTable::default();
         let applied = Applied::reply(Response::Ok, None);
-        table.remember(&id("a", u64::MAX), &applied, 0);
-        assert!(table.lookup(&id("a", 0), MAX_RETENTION_MS - 1).is_some());
-        assert!(table.lookup(&id("a", 0), MAX_RETENTION_MS).is_none());
+        table.remember(&id("a", u64::MAX), 7, &applied, 0);
+        assert!(table.lookup(&id("a", 0), 7, MAX_RETENTION_MS - 1).is_some());
+        assert!(table.lookup(&id("a", 0), 7, MAX_RETENTION_MS).is_none());
         table.prune(MAX_RETENTION_MS);
         assert_eq!(table.len(), 0);
     }
@@ -236,7 +253,7 @@ mod tests {
     #[test]
     fn already_expired_ids_are_not_remembered() {
         let mut table = DedupTable::default();
-        table.remember(&id("a", 5), &Applied::reply(Response::Ok, None), 5);
+        table.remember(&id("a", 5), 7, &Applied::reply(Response::Ok, None), 5);
         assert_eq!(table.len(), 0);
     }
 
@@ -246,34 +263,35 @@ mod tests {
         let applied = Applied::reply(Response::Ok, None);
         for i in 0..CAPACITY as u64 {
             // Reverse order of expiry: entry 0 lives longest.
-            table.remember(&id(&i.to_string(), 500_000 - i), &applied, 0);
+            table.remember(&id(&i.to_string(), 500_000 - i), 7, &applied, 0);
         }
         assert_eq!(table.len(), CAPACITY);
-        table.remember(&id("new", 450_000), &applied, 0);
+        table.remember(&id("new", 450_000), 7, &applied, 0);
         assert_eq!(table.len(), CAPACITY);
         let last = (CAPACITY as u64 - 1).to_string();
         assert!(
-            table.lookup(&id(&last, 0), 1).is_none(),
+            table.lookup(&id(&last, 0), 7, 1).is_none(),
             "soonest expiry evicted"
         );
-        assert!(table.lookup(&id("0", 0), 1).is_some());
-        assert!(table.lookup(&id("new", 0), 1).is_some());
+        assert!(table.lookup(&id("0", 0), 7, 1).is_some());
+        assert!(table.lookup(&id("new", 0), 7, 1).is_some());
     }
 
     #[test]
     fn serde_round_trip_rebuilds_the_expiry_index() {
         let mut table = DedupTable::default();
         let hit = Applied::reply(Response::Integer(1), Some(Hlc::new(5, 0, "s")));
-        table.remember(&id("a", 100), &hit, 0);
-        table.remember(&id("b", 50), &Applied::reply(Response::NotApplied, None), 0);
+        table.remember(&id("a", 100), 7, &hit, 0);
+        table.remember(&id("b", 50), 7, &Applied::reply(Response::NotApplied, None), 0);
         let bytes = postcard::to_allocvec(&table).unwrap();
         let restored: DedupTable = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(restored, table);
-        assert_eq!(restored.lookup(&id("a", 0), 1), Some(hit));
+        assert_eq!(restored.lookup(&id("a", 0), 7, 1), Some(hit));
 
         // A list naming one identity twice keeps the last answer only.
         let remembered = |expires_at_ms| Remembered {
             expires_at_ms,
+            fingerprint: 7,
             response: Response::Ok,
             version: None,
         };
@@ -294,11 +312,23 @@ mod tests {
     #[test]
     fn same_correlation_from_another_client_is_another_request() {
         let mut table = DedupTable::default();
-        table.remember(&id("x", 100), &Applied::reply(Response::Ok, None), 0);
+        table.remember(&id("x", 100), 7, &Applied::reply(Response::Ok, None), 0);
         let other = DedupId {
             client_id: "d".into(),
             ..id("x", 100)
         };
-        assert!(table.lookup(&other, 1).is_none());
+        assert!(table.lookup(&other, 7, 1).is_none());
+    }
+
+    #[test]
+    fn a_different_command_with_the_same_identity_is_not_answered_from_memory() {
+        let mut table = DedupTable::default();
+        table.remember(&id("c", 100), 1, &Applied::reply(Response::Ok, None), 0);
+        assert!(table.lookup(&id("c", 0), 1, 1).is_some());
+        assert!(table.lookup(&id("c", 0), 2, 1).is_none());
+        let set = mqkv_protocol::Command::Get { key: Bytes::from_static(b"k") };
+        let del = mqkv_protocol::Command::Del { key: Bytes::from_static(b"k") };
+        assert_ne!(fingerprint(&set), fingerprint(&del));
+        assert_eq!(fingerprint(&set), fingerprint(&set.clone()));
     }
 }

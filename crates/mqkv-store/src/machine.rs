@@ -144,14 +144,15 @@ impl StateMachine {
                     .dedup
                     .as_ref()
                     .filter(|_| request.command.is_write());
-                if let Some(id) = dedup {
-                    if let Some(first) = self.dedup.lookup(id, now) {
+                let fingerprint = dedup.map(|_| crate::dedup::fingerprint(&request.command));
+                if let (Some(id), Some(fp)) = (dedup, fingerprint) {
+                    if let Some(first) = self.dedup.lookup(id, fp, now) {
                         return first;
                     }
                 }
                 let applied = self.apply_request(request, now);
-                if let Some(id) = dedup {
-                    self.dedup.remember(id, &applied, now);
+                if let (Some(id), Some(fp)) = (dedup, fingerprint) {
+                    self.dedup.remember(id, fp, &applied, now);
                 }
                 applied
             }

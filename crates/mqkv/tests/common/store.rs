@@ -78,7 +78,8 @@ impl Client {
             id: id.into(),
             client,
             el,
-            next: 0,
+            // Correlation data is unique across clients and runs, as the SDKs' UUIDs are.
+            next: rand::random::<u64>() >> 1,
             stash: Vec::new(),
         }
     }

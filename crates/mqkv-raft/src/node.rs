@@ -1,0 +1,471 @@
+//! [`StoreNode`]: opening, recovering, writing to and reading from a store.
+//!
+//! Invariant: a `StoreNode` is handed out only after recovery is complete —
+//! the snapshot is loaded, every entry of the log is applied (without the
+//! apply hook), and, in a one-member group, this node is the leader — so
+//! the first `write` neither fails nor makes the hook see old entries.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mqkv_store::{Applied, Entry, StateMachine, StoreConfig};
+use openraft::error::Fatal;
+use openraft::{BasicNode, Raft, SnapshotPolicy};
+
+use crate::files::{self, corrupt, decode_u64, io_error, read_meta, FileKind, Location};
+use crate::log_file::{self, LoadedLog, NODE_ID_META};
+use crate::log_store::{LogShared, LogStore};
+use crate::network::Network;
+use crate::proposer::Proposer;
+use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
+use crate::state_machine::{AppliedState, StateMachineStore, StateShared};
+use crate::stats::{Counters, StoreStats};
+use crate::types::{Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
+use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
+
+/// Tuning of a store. The defaults suit a server; tests shrink the
+/// snapshot interval to exercise snapshots and purging quickly.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Raft node id of a newly created store. An existing store keeps the
+    /// id it was created with.
+    pub node_id: NodeId,
+    /// Address other nodes reach this one at, recorded in the membership
+    /// when the store is created.
+    pub advertise_addr: String,
+    /// Build a snapshot once this many log entries were applied since the
+    /// last one. A log entry carries one write, or several written
+    /// concurrently (group commit).
+    pub snapshot_every: u64,
+    /// Also build a snapshot once the log written since the last one is
+    /// larger than this many bytes and than that snapshot (so a run of big
+    /// values cannot make the log outgrow the state it leads to).
+    pub snapshot_log_bytes: u64,
+    /// Log entries kept behind the latest snapshot (so a follower that lags
+    /// a little catches up from the log, not a snapshot).
+    pub logs_kept_after_snapshot: u64,
+    /// How long opening waits for a one-member group to elect this node.
+    pub ready_timeout: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            node_id: DEFAULT_NODE_ID,
+            advertise_addr: String::new(),
+            snapshot_every: 10_000,
+            snapshot_log_bytes: 64 << 20,
+            logs_kept_after_snapshot: 1_000,
+            ready_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running store: the replicated log and the state machine behind it.
+/// Cheap to clone; all clones are the same store.
+#[derive(Clone)]
+pub struct StoreNode {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    raft: Raft<TypeConfig>,
+    proposer: Proposer,
+    state: Arc<StateShared>,
+    log: Arc<LogShared>,
+    counters: Arc<Counters>,
+    node_id: NodeId,
+    log_path: PathBuf,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle went away without `shutdown`: stop raft and close
+        // the files in the background, as far as a runtime is there to do it.
+        self.proposer.stop();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let raft = self.raft.clone();
+            let log = self.log.clone();
+            let state = self.state.clone();
+            runtime.spawn(async move {
+                let _ = raft.shutdown().await;
+                let _ = log.close().await;
+                let _ = tokio::task::spawn_blocking(move || state.close()).await;
+            });
+        }
+    }
+}
+
+impl StoreNode {
+    /// Opens (or creates and initialises) the durable store in `dir`,
+    /// creating the directory if it is missing.
+    pub async fn open_disk(
+        dir: &Path,
+        config: StoreConfig,
+        on_apply: ApplyHook,
+    ) -> Result<StoreNode, OpenError> {
+        Self::open_disk_with(dir, config, on_apply, NodeOptions::default()).await
+    }
+
+    /// [`Self::open_disk`] with explicit options.
+    pub async fn open_disk_with(
+        dir: &Path,
+        config: StoreConfig,
+        on_apply: ApplyHook,
+        options: NodeOptions,
+    ) -> Result<StoreNode, OpenError> {
+        open(Location::Disk(dir.to_path_buf()), config, on_apply, options).await
+    }
+
+    /// A store with the same log and state machine path but no disk:
+    /// nothing survives the process.
+    pub async fn open_memory(
+        config: StoreConfig,
+        on_apply: ApplyHook,
+    ) -> Result<StoreNode, OpenError> {
+        Self::open_memory_with(config, on_apply, NodeOptions::default()).await
+    }
+
+    /// [`Self::open_memory`] with explicit options.
+    pub async fn open_memory_with(
+        config: StoreConfig,
+        on_apply: ApplyHook,
+        options: NodeOptions,
+    ) -> Result<StoreNode, OpenError> {
+        open(Location::Memory, config, on_apply, options).await
+    }
+
+    /// Appends the entry to the log, waits until it is committed (fsynced)
+    /// and applied, and returns what applying it answered. The apply hook
+    /// has seen the outcome before this returns. Concurrent writes share
+    /// log entries and fsyncs (group commit).
+    pub async fn write(&self, entry: Entry) -> Result<Applied, WriteError> {
+        self.inner.proposer.propose(entry).await
+    }
+
+    /// Runs `f` against the applied state. Only committed, durable entries
+    /// are ever visible there. Writes wait while `f` runs, so keep it short,
+    /// and do not call `read` again from inside it.
+    pub fn read<R>(&self, f: impl FnOnce(&StateMachine) -> R) -> R {
+        let state = self.inner.state.read();
+        f(&state.machine)
+    }
+
+    /// Stops raft, writes what is pending and closes the files. Later
+    /// writes fail with [`WriteError::Stopped`]; calling it again is
+    /// harmless.
+    pub async fn shutdown(&self) -> Result<(), ShutdownError> {
+        self.inner.proposer.stop();
+        let raft = self
+            .inner
+            .raft
+            .shutdown()
+            .await
+            .map_err(|e| ShutdownError::Raft(e.to_string()));
+        let log = self
+            .inner
+            .log
+            .close()
+            .await
+            .map_err(|e| ShutdownError::Close {
+                path: self.inner.log_path.clone(),
+                reason: e.to_string(),
+            });
+        let state = self.inner.state.clone();
+        // Waits for a snapshot being written, so not on the async threads.
+        let _ = tokio::task::spawn_blocking(move || state.close()).await;
+        raft?;
+        log
+    }
+
+    /// This node's id in the raft group.
+    pub fn node_id(&self) -> NodeId {
+        self.inner.node_id
+    }
+
+    /// Counters of the store's file activity.
+    pub fn stats(&self) -> StoreStats {
+        let counters = &self.inner.counters;
+        StoreStats {
+            log_commits: Counters::get(&counters.log_commits),
+            log_entries_written: Counters::get(&counters.log_entries_written),
+            log_len: self.inner.log.len(),
+            snapshots_built: Counters::get(&counters.snapshots_built),
+            snapshot_index: self.inner.state.snapshot_index(),
+            applied_index: self.inner.state.read().last_applied.map(|id| id.index),
+        }
+    }
+}
+
+/// The write error of a raft that stopped.
+pub(crate) fn fatal_error(fatal: Fatal<NodeId>) -> WriteError {
+    match fatal {
+        Fatal::Stopped => WriteError::Stopped,
+        Fatal::StorageError(e) => WriteError::Storage(e.to_string()),
+        other => WriteError::Raft(other.to_string()),
+    }
+}
+
+fn start_error(e: impl std::fmt::Display) -> OpenError {
+    OpenError::Start(e.to_string())
+}
+
+async fn open(
+    location: Location,
+    config: StoreConfig,
+    on_apply: ApplyHook,
+    options: NodeOptions,
+) -> Result<StoreNode, OpenError> {
+    let counters = Arc::new(Counters::default());
+    let recovered = {
+        let options = options.clone();
+        let counters = counters.clone();
+        tokio::task::spawn_blocking(move || recover(&location, config, &options, counters))
+            .await
+            .map_err(start_error)??
+    };
+    let raft_config = openraft::Config {
+        cluster_name: "mqkv-state-store".into(),
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every.max(1)),
+        max_in_snapshot_log_to_keep: options.logs_kept_after_snapshot,
+        replication_lag_threshold: options.snapshot_every.max(1).saturating_mul(2),
+        ..Default::default()
+    }
+    .validate()
+    .map_err(start_error)?;
+
+    let Recovered {
+        log,
+        state,
+        node_id,
+        last_index,
+        log_path,
+    } = recovered;
+    let log_shared = log.shared();
+    let raft = match Raft::new(
+        node_id,
+        Arc::new(raft_config),
+        Network,
+        log,
+        StateMachineStore::new(state.clone()),
+    )
+    .await
+    {
+        Ok(raft) => raft,
+        Err(e) => {
+            let _ = log_shared.close().await;
+            state.close();
+            return Err(start_error(e));
+        }
+    };
+    let node = StoreNode {
+        inner: Arc::new(Inner {
+            proposer: Proposer::start(raft.clone(), counters.clone(), options.snapshot_log_bytes),
+            raft,
+            state,
+            log: log_shared,
+            counters,
+            node_id,
+            log_path,
+        }),
+    };
+    match become_ready(&node, &options, last_index).await {
+        Ok(()) => {
+            node.inner.state.install_hook(on_apply);
+            Ok(node)
+        }
+        Err(e) => {
+            let _ = node.shutdown().await;
+            Err(e)
+        }
+    }
+}
+
+/// Initialises a new store as a one-member group, then, if this node is
+/// the only voter, waits until it leads and has applied every entry found
+/// in the log at startup.
+async fn become_ready(
+    node: &StoreNode,
+    options: &NodeOptions,
+    last_index: Option<u64>,
+) -> Result<(), OpenError> {
+    let raft = &node.inner.raft;
+    let id = node.inner.node_id;
+    if !raft.is_initialized().await.map_err(start_error)? {
+        let members = BTreeMap::from([(id, BasicNode::new(&options.advertise_addr))]);
+        raft.initialize(members).await.map_err(start_error)?;
+    }
+    let metrics = raft
+        .wait(Some(options.ready_timeout))
+        .metrics(
+            |m| {
+                let voters: Vec<NodeId> = m.membership_config.membership().voter_ids().collect();
+                // In a one-member group nobody else can lead or commit:
+                // wait for this node to take over and apply its whole log,
+                // or the first write would be refused and the hook would
+                // see old entries. In a larger group the log beyond the
+                // commit point is applied once the leader says so.
+                let ready = voters != [id]
+                    || (m.current_leader == Some(id)
+                        && m.last_applied.map(|applied| applied.index) >= last_index);
+                m.running_state.is_err() || (!voters.is_empty() && ready)
+            },
+            "recovery",
+        )
+        .await
+        .map_err(start_error)?;
+    metrics.running_state.map_err(start_error)
+}
+
+/// Files opened and checked, state rebuilt from the snapshot: what raft
+/// starts from.
+pub(crate) struct Recovered {
+    pub(crate) log: LogStore,
+    pub(crate) state: Arc<StateShared>,
+    pub(crate) node_id: NodeId,
+    pub(crate) last_index: Option<u64>,
+    pub(crate) log_path: PathBuf,
+}
+
+pub(crate) fn recover(
+    location: &Location,
+    config: StoreConfig,
+    options: &NodeOptions,
+    counters: Arc<Counters>,
+) -> Result<Recovered, OpenError> {
+    if let Location::Disk(dir) = location {
+        fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
+    }
+    // Existing files are checked before anything is created, so a refused
+    // directory gains no new file.
+    let log_file = files::open_existing(location, FileKind::Log)?;
+    let state_file = files::open_existing(location, FileKind::State)?;
+    let loaded = match &log_file {
+        Some(file) => log_file::load(&file.db, &file.path)?,
+        None => LoadedLog::default(),
+    };
+    let snapshot = match &state_file {
+        Some(file) => snapshot_file::load(&file.db, &file.path)?,
+        None => None,
+    };
+    check_consistency(location, &loaded, snapshot.as_ref())?;
+    let log_file = match log_file {
+        Some(file) => file,
+        None => files::create(
+            location,
+            FileKind::Log,
+            &[(NODE_ID_META, options.node_id.to_le_bytes().to_vec())],
+        )?,
+    };
+    let state_file = match state_file {
+        Some(file) => file,
+        None => {
+            let config_bytes = postcard::to_stdvec(&config).map_err(start_error)?;
+            files::create(
+                location,
+                FileKind::State,
+                &[(STORE_CONFIG_META, config_bytes)],
+            )?
+        }
+    };
+    let node_id = read_meta(&log_file.db, NODE_ID_META, &log_file.path)?
+        .and_then(|bytes| decode_u64(&bytes))
+        .ok_or_else(|| corrupt(&log_file.path, "it records no node id"))?;
+    let stored_config = read_meta(&state_file.db, STORE_CONFIG_META, &state_file.path)?
+        .ok_or_else(|| corrupt(&state_file.path, "it records no store configuration"))?;
+    let stored_config: StoreConfig = postcard::from_bytes(&stored_config).map_err(|e| {
+        corrupt(
+            &state_file.path,
+            format!("its store configuration does not decode: {e}"),
+        )
+    })?;
+    if stored_config != config {
+        // Replaying the log under other limits could answer differently
+        // than when the entries were first applied.
+        tracing::warn!(
+            store = %state_file.path.display(),
+            stored = ?stored_config,
+            given = ?config,
+            "store configuration differs from the one the store was created with; using the stored one"
+        );
+    }
+
+    let state = match &snapshot {
+        Some((meta, data)) => AppliedState {
+            machine: postcard::from_bytes(data).map_err(|e| {
+                corrupt(
+                    &state_file.path,
+                    format!("the snapshot does not decode: {e}"),
+                )
+            })?,
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        },
+        None => AppliedState {
+            machine: StateMachine::new(stored_config),
+            last_applied: None,
+            membership: Membership::default(),
+        },
+    };
+    let last_index = loaded.last_index();
+    let log_path = log_file.path.clone();
+    let log = LogStore::start(loaded, log_file.db, log_file.path, counters.clone())
+        .map_err(|e| io_error(&log_path, e))?;
+    let shared = StateShared::new(
+        state,
+        SnapshotFile::new(state_file.db, state_file.path),
+        snapshot,
+        counters,
+    );
+    Ok(Recovered {
+        log,
+        state: Arc::new(shared),
+        node_id,
+        last_index,
+        log_path,
+    })
+}
+
+/// The log and the snapshot must describe one history: entries the log
+/// purged must be inside the snapshot, and a snapshot needs the log (with
+/// its vote) it was taken from.
+fn check_consistency(
+    location: &Location,
+    log: &LoadedLog,
+    snapshot: Option<&StoredSnapshot>,
+) -> Result<(), OpenError> {
+    let log_path = location.path(FileKind::Log);
+    let state_path = location.path(FileKind::State);
+    let snapshot_end = snapshot.and_then(|(meta, _)| meta.last_log_id);
+    let inconsistent = |reason: String| OpenError::Inconsistent {
+        dir: location.dir(),
+        reason,
+    };
+    if let Some(purged) = log.last_purged {
+        if snapshot_end < Some(purged) {
+            let covered = match snapshot_end {
+                Some(end) => format!("its snapshot ends at entry {}", end.index),
+                None => "it holds no snapshot".to_string(),
+            };
+            return Err(inconsistent(format!(
+                "{} is purged up to entry {}, but {} {covered}: entries in between are lost",
+                log_path.display(),
+                purged.index,
+                state_path.display(),
+            )));
+        }
+    }
+    let log_is_new = log.vote.is_none() && log.last_entry.is_none() && log.last_purged.is_none();
+    if let (true, Some(end)) = (log_is_new, snapshot_end) {
+        return Err(inconsistent(format!(
+            "{} holds a snapshot up to entry {}, but {} is empty: the log file was lost or replaced",
+            state_path.display(),
+            end.index,
+            log_path.display(),
+        )));
+    }
+    Ok(())
+}

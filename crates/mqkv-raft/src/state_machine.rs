@@ -1,0 +1,306 @@
+//! openraft's state machine: the in-memory [`StateMachine`], the applied log
+//! id, and snapshots of both in the state file.
+//!
+//! Invariants:
+//! - the machine, the last applied log id and the membership change together
+//!   under one lock, so a snapshot always describes exactly the entries it
+//!   says it covers;
+//! - readers only ever see applied entries, and an entry is applied only
+//!   after raft committed it, i.e. after it was fsynced;
+//! - the apply hook runs once per applied client entry, in log order, and
+//!   only once it is installed — after startup replay — so entries replayed
+//!   from the log never reach it.
+
+use std::io::Cursor;
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use mqkv_store::{Applied, StateMachine};
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, Snapshot,
+    StorageIOError,
+};
+
+use crate::snapshot_file::SnapshotFile;
+use crate::stats::Counters;
+use crate::sync::{self, lock};
+use crate::types::{
+    LogId, Membership, Outcome, Proposal, RaftEntry, SnapshotMeta, StorageError, TypeConfig,
+};
+
+/// Called with the outcome of every applied client entry, in log order,
+/// before the write that proposed it returns.
+pub type ApplyHook = Arc<dyn Fn(&Applied) + Send + Sync>;
+
+/// What the applied entries add up to.
+pub(crate) struct AppliedState {
+    pub(crate) machine: StateMachine,
+    pub(crate) last_applied: Option<LogId>,
+    pub(crate) membership: Membership,
+}
+
+/// Shared by the raft state machine worker, snapshot builders and readers.
+pub(crate) struct StateShared {
+    state: RwLock<AppliedState>,
+    hook: OnceLock<ApplyHook>,
+    file: SnapshotFile,
+    /// The snapshot read at startup, kept until raft asks for it once so the
+    /// (possibly large) data is not read from disk twice.
+    startup_snapshot: Mutex<Option<(SnapshotMeta, Vec<u8>)>>,
+    counters: Arc<Counters>,
+    /// Meta of the newest snapshot written or installed.
+    current: Mutex<Option<SnapshotMeta>>,
+}
+
+impl StateShared {
+    pub(crate) fn new(
+        state: AppliedState,
+        file: SnapshotFile,
+        startup_snapshot: Option<(SnapshotMeta, Vec<u8>)>,
+        counters: Arc<Counters>,
+    ) -> StateShared {
+        let current = startup_snapshot.as_ref().map(|(meta, _)| meta.clone());
+        if let Some((_, data)) = &startup_snapshot {
+            counters.snapshot_taken(data.len() as u64);
+        }
+        StateShared {
+            state: RwLock::new(state),
+            hook: OnceLock::new(),
+            file,
+            startup_snapshot: Mutex::new(startup_snapshot),
+            counters,
+            current: Mutex::new(current),
+        }
+    }
+
+    pub(crate) fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
+        sync::read(&self.state)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, AppliedState> {
+        sync::write(&self.state)
+    }
+
+    /// Starts calling `hook` for entries applied from now on.
+    pub(crate) fn install_hook(&self, hook: ApplyHook) {
+        // A store is opened once and the hook installed once; a second call
+        // cannot happen through the public API.
+        let _ = self.hook.set(hook);
+    }
+
+    /// Index of the last entry the newest snapshot covers.
+    pub(crate) fn snapshot_index(&self) -> Option<u64> {
+        lock(&self.current)
+            .as_ref()
+            .and_then(|meta| meta.last_log_id)
+            .map(|id| id.index)
+    }
+
+    pub(crate) fn close(&self) {
+        self.file.close();
+        drop(lock(&self.startup_snapshot).take());
+    }
+
+    /// Serializes the applied state and writes it to the state file.
+    fn build_snapshot(&self) -> Result<(SnapshotMeta, Vec<u8>), Failure> {
+        let (meta, data) = {
+            // Apply waits meanwhile (and so may readers queued behind it).
+            let state = self.read();
+            let data = postcard::to_stdvec(&state.machine)
+                .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+            let built = Counters::get(&self.counters.snapshots_built) + 1;
+            let snapshot_id = match state.last_applied {
+                Some(id) => format!("{}-{}-{built}", id.leader_id, id.index),
+                None => format!("none-{built}"),
+            };
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.membership.clone(),
+                snapshot_id,
+            };
+            (meta, data)
+        };
+        let written = self
+            .file
+            .save(&meta, &data)
+            .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+        if written {
+            Counters::add(&self.counters.snapshots_built, 1);
+            self.counters.snapshot_taken(data.len() as u64);
+            *lock(&self.current) = Some(meta.clone());
+        }
+        Ok((meta, data))
+    }
+
+    fn install_snapshot(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), Failure> {
+        let machine: StateMachine =
+            postcard::from_bytes(&data).map_err(|e| Failure::new(ErrorVerb::Read, e))?;
+        self.file
+            .save(meta, &data)
+            .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+        self.counters.snapshot_taken(data.len() as u64);
+        *lock(&self.current) = Some(meta.clone());
+        *self.write() = AppliedState {
+            machine,
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+        };
+        Ok(())
+    }
+
+    fn current_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, Failure> {
+        let current = lock(&self.current).clone();
+        if let Some((meta, data)) = lock(&self.startup_snapshot).take() {
+            if Some(&meta) == current.as_ref() {
+                return Ok(Some(snapshot(meta, data)));
+            }
+        }
+        let stored = self
+            .file
+            .read()
+            .map_err(|e| Failure::new(ErrorVerb::Read, e))?;
+        Ok(stored.map(|(meta, data)| snapshot(meta, data)))
+    }
+}
+
+fn snapshot(meta: SnapshotMeta, data: Vec<u8>) -> Snapshot<TypeConfig> {
+    Snapshot {
+        meta,
+        snapshot: Box::new(Cursor::new(data)),
+    }
+}
+
+/// A failure of the state file, kept small until it crosses into openraft
+/// (whose error type is large).
+struct Failure {
+    verb: ErrorVerb,
+    message: String,
+}
+
+impl Failure {
+    fn new(verb: ErrorVerb, error: impl std::fmt::Display) -> Failure {
+        Failure {
+            verb,
+            message: error.to_string(),
+        }
+    }
+}
+
+impl From<Failure> for StorageError {
+    fn from(failure: Failure) -> StorageError {
+        StorageIOError::new(
+            ErrorSubject::StateMachine,
+            failure.verb,
+            AnyError::error(failure.message),
+        )
+        .into()
+    }
+}
+
+/// Runs blocking state file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, StorageError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(StorageError::from),
+        Err(e) => Err(Failure::new(ErrorVerb::Write, e).into()),
+    }
+}
+
+/// The state machine handed to openraft.
+pub(crate) struct StateMachineStore {
+    shared: Arc<StateShared>,
+}
+
+impl StateMachineStore {
+    pub(crate) fn new(shared: Arc<StateShared>) -> StateMachineStore {
+        StateMachineStore { shared }
+    }
+}
+
+/// Builds one snapshot off the apply path.
+pub(crate) struct SnapshotBuilder {
+    shared: Arc<StateShared>,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let shared = self.shared.clone();
+        let (meta, data) = blocking(move || shared.build_snapshot()).await?;
+        Ok(snapshot(meta, data))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, Membership), StorageError> {
+        let state = self.shared.read();
+        Ok((state.last_applied, state.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Vec<Outcome>>, StorageError>
+    where
+        I: IntoIterator<Item = RaftEntry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut replies = Vec::new();
+        for entry in entries {
+            let outcomes = match entry.payload {
+                EntryPayload::Blank => {
+                    self.shared.write().last_applied = Some(entry.log_id);
+                    Vec::new()
+                }
+                EntryPayload::Membership(membership) => {
+                    let mut state = self.shared.write();
+                    state.last_applied = Some(entry.log_id);
+                    state.membership = Membership::new(Some(entry.log_id), membership);
+                    Vec::new()
+                }
+                EntryPayload::Normal(Proposal(requests)) => {
+                    // The whole proposal is applied under one lock, together
+                    // with its log id, so a snapshot never holds half of it.
+                    let applied: Vec<Applied> = {
+                        let mut state = self.shared.write();
+                        let applied = requests.iter().map(|r| state.machine.apply(r)).collect();
+                        state.last_applied = Some(entry.log_id);
+                        applied
+                    };
+                    // Outside the lock, so the hook may read the store.
+                    if let Some(hook) = self.shared.hook.get() {
+                        applied.iter().for_each(|a| hook(a));
+                    }
+                    applied.into_iter().map(Outcome::from).collect()
+                }
+            };
+            replies.push(outcomes);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        SnapshotBuilder {
+            shared: self.shared.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let shared = self.shared.clone();
+        let meta = meta.clone();
+        let data = snapshot.into_inner();
+        blocking(move || shared.install_snapshot(&meta, data)).await
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let shared = self.shared.clone();
+        blocking(move || shared.current_snapshot()).await
+    }
+}

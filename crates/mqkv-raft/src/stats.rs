@@ -1,0 +1,55 @@
+//! Counters of what the store did to its files, for metrics and for
+//! checking group commit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A point-in-time copy of a store's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Durable (fsynced) commits of the log file since the store was opened.
+    /// Under concurrent writes this grows much slower than the number of
+    /// writes: that is group commit.
+    pub log_commits: u64,
+    /// Log entries written since the store was opened. One log entry
+    /// carries every write that was waiting when it was proposed.
+    pub log_entries_written: u64,
+    /// Entries currently kept in the log (not yet purged behind a snapshot).
+    pub log_len: u64,
+    /// Snapshots written to the state file since the store was opened.
+    pub snapshots_built: u64,
+    /// Index of the last entry the latest snapshot covers.
+    pub snapshot_index: Option<u64>,
+    /// Index of the last applied entry.
+    pub applied_index: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) log_commits: AtomicU64,
+    pub(crate) log_entries_written: AtomicU64,
+    pub(crate) snapshots_built: AtomicU64,
+    /// Encoded bytes of log entries written since the latest snapshot.
+    pub(crate) log_bytes_since_snapshot: AtomicU64,
+    /// Encoded size of the latest snapshot.
+    pub(crate) snapshot_bytes: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(counter: &AtomicU64, n: u64) {
+        counter.store(n, Ordering::Relaxed);
+    }
+
+    /// A snapshot of `bytes` now covers the log.
+    pub(crate) fn snapshot_taken(&self, bytes: u64) {
+        Self::set(&self.snapshot_bytes, bytes);
+        Self::set(&self.log_bytes_since_snapshot, 0);
+    }
+}

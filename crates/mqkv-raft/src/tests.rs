@@ -1,0 +1,931 @@
+//! End-to-end tests of a store: durability across restarts, snapshots and
+//! purging, group commit, and refusal of files it must not open.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use mqkv_protocol::{Command, Hlc, Response, SetCondition};
+use mqkv_store::{Applied, ChangeKind, DedupId, Entry, Op, Request, StateMachine, StoreConfig};
+
+use crate::files::{test_support::set_format_version, FileKind};
+use crate::{ApplyHook, NodeOptions, OpenError, StoreNode, WriteError};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn config() -> StoreConfig {
+    StoreConfig::new("srv")
+}
+
+fn request(now_ms: u64, command: Command, ft: Option<Hlc>, dedup: Option<DedupId>) -> Entry {
+    Entry {
+        now_ms,
+        op: Op::Request(Request {
+            command,
+            ts: Some(Hlc::new(now_ms, 0, "client")),
+            ft,
+            dedup,
+        }),
+    }
+}
+
+fn set_with(
+    now_ms: u64,
+    key: &str,
+    value: &str,
+    condition: Option<SetCondition>,
+    px_ms: Option<u64>,
+) -> Entry {
+    request(
+        now_ms,
+        Command::Set {
+            key: b(key),
+            value: b(value),
+            condition,
+            px_ms,
+        },
+        None,
+        None,
+    )
+}
+
+fn set(now_ms: u64, key: &str, value: &str) -> Entry {
+    set_with(now_ms, key, value, None, None)
+}
+
+fn dedup(now_ms: u64, correlation: &str) -> Option<DedupId> {
+    Some(DedupId {
+        client_id: "client".into(),
+        correlation: b(correlation),
+        expires_at_ms: now_ms + 60_000,
+    })
+}
+
+/// Records what the apply hook sees.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<Applied>>>);
+
+impl Recorder {
+    fn hook(&self) -> ApplyHook {
+        let seen = self.0.clone();
+        Arc::new(move |applied: &Applied| seen.lock().unwrap().push(applied.clone()))
+    }
+
+    fn seen(&self) -> Vec<Applied> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+fn small_snapshots() -> NodeOptions {
+    NodeOptions {
+        snapshot_every: 20,
+        logs_kept_after_snapshot: 5,
+        ..NodeOptions::default()
+    }
+}
+
+async fn open(dir: &Path, options: NodeOptions) -> (StoreNode, Recorder) {
+    let recorder = Recorder::default();
+    let node = StoreNode::open_disk_with(dir, config(), recorder.hook(), options)
+        .await
+        .expect("open store");
+    (node, recorder)
+}
+
+/// Writes through the node and into `direct`, and checks both answer alike.
+async fn write_both(node: &StoreNode, direct: &mut StateMachine, entry: Entry) -> Applied {
+    let applied = node.write(entry.clone()).await.expect("write");
+    assert_eq!(applied, direct.apply(&entry), "answer for {entry:?}");
+    applied
+}
+
+fn snapshot_of(node: &StoreNode) -> StateMachine {
+    node.read(|machine| machine.clone())
+}
+
+/// Waits for a background snapshot to land (it is built off the write path).
+async fn wait_for_snapshot(node: &StoreNode) {
+    for _ in 0..500 {
+        if node.stats().snapshots_built > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("no snapshot was built");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_round_trip() {
+    let recorder = Recorder::default();
+    let node = StoreNode::open_memory(config(), recorder.hook())
+        .await
+        .unwrap();
+    let applied = node.write(set(T0, "k", "v")).await.unwrap();
+    assert_eq!(applied.response, Response::Ok);
+    let version = applied.version.clone().expect("SET OK has a version");
+    assert_eq!(node.read(|m| m.get(b"k", T0)), Some((b("v"), version)));
+    let deleted = node
+        .write(request(T0 + 1, Command::Del { key: b("k") }, None, None))
+        .await
+        .unwrap();
+    assert_eq!(deleted.response, Response::Integer(1));
+    assert_eq!(node.read(|m| m.get(b"k", T0 + 1)), None);
+    assert_eq!(recorder.seen(), vec![applied, deleted]);
+    node.shutdown().await.unwrap();
+    assert!(matches!(
+        node.write(set(T0 + 2, "k", "v")).await,
+        Err(WriteError::Stopped)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hook_sees_every_write_in_order_before_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, recorder) = open(dir.path(), NodeOptions::default()).await;
+    let mut direct = StateMachine::new(config());
+    for i in 0..10 {
+        let applied =
+            write_both(&node, &mut direct, set(T0 + i, &format!("k{}", i % 3), "v")).await;
+        let seen = recorder.seen();
+        assert_eq!(seen.len() as u64, i + 1);
+        assert_eq!(seen.last(), Some(&applied));
+        assert!(matches!(applied.events[0].kind, ChangeKind::Set { .. }));
+    }
+    node.shutdown().await.unwrap();
+}
+
+/// Writes keys with a version, a deadline, a fencing token and a remembered
+/// answer, restarts, and checks all of it came back and behaves the same.
+async fn restart_preserves_state(options: NodeOptions, writes_before: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut direct = StateMachine::new(config());
+    let (node, _) = open(dir.path(), options.clone()).await;
+    for i in 0..writes_before {
+        write_both(
+            &node,
+            &mut direct,
+            set(T0 + i, &format!("filler{}", i % 7), "x"),
+        )
+        .await;
+    }
+    let now = T0 + writes_before;
+    let plain = write_both(&node, &mut direct, set(now, "plain", "v1")).await;
+    write_both(
+        &node,
+        &mut direct,
+        set_with(now, "ttl", "v", None, Some(60_000)),
+    )
+    .await;
+    let fence = Hlc::new(now - 5, 0, "client");
+    let fenced = request(
+        now,
+        Command::Set {
+            key: b("fenced"),
+            value: b("v"),
+            condition: None,
+            px_ms: None,
+        },
+        Some(fence.clone()),
+        None,
+    );
+    write_both(&node, &mut direct, fenced).await;
+    let once = request(
+        now,
+        Command::Set {
+            key: b("once"),
+            value: b("first"),
+            condition: Some(SetCondition::Nx),
+            px_ms: None,
+        },
+        None,
+        dedup(now, "corr-1"),
+    );
+    assert_eq!(
+        write_both(&node, &mut direct, once.clone()).await.response,
+        Response::Ok
+    );
+    let before = snapshot_of(&node);
+    node.shutdown().await.unwrap();
+
+    let (node, recorder) = open(dir.path(), options).await;
+    assert!(
+        recorder.seen().is_empty(),
+        "replayed entries must not reach the hook"
+    );
+    let after = snapshot_of(&node);
+    assert_eq!(after, before);
+    assert_eq!(
+        after.get(b"plain", now),
+        Some((b("v1"), plain.version.unwrap()))
+    );
+    assert_eq!(after.expires_at_ms(b"ttl", now), Some(now + 60_000));
+    assert_eq!(after.fencing_token(b"fenced", now), Some(&fence));
+    assert_eq!(after.clock(), before.clock());
+    assert_eq!(after.dedup_len(), 1);
+
+    // The redelivered NX gets its first answer; a new one is refused.
+    let later = now + 10;
+    let redelivered = Entry {
+        now_ms: later,
+        ..once
+    };
+    assert_eq!(
+        write_both(&node, &mut direct, redelivered).await.response,
+        Response::Ok
+    );
+    let again = request(
+        later,
+        Command::Set {
+            key: b("once"),
+            value: b("second"),
+            condition: Some(SetCondition::Nx),
+            px_ms: None,
+        },
+        None,
+        dedup(later, "corr-2"),
+    );
+    assert_eq!(
+        write_both(&node, &mut direct, again).await.response,
+        Response::NotApplied
+    );
+    // The fencing token still guards the key: a lower one is refused.
+    let stale = request(
+        later,
+        Command::Set {
+            key: b("fenced"),
+            value: b("w"),
+            condition: None,
+            px_ms: None,
+        },
+        Some(Hlc::new(now - 6, 0, "client")),
+        None,
+    );
+    assert!(matches!(
+        write_both(&node, &mut direct, stale).await.response,
+        Response::Error(_)
+    ));
+    // The deadline still fires.
+    let expire = Entry {
+        now_ms: now + 60_000,
+        op: Op::ExpireDue,
+    };
+    let expired = write_both(&node, &mut direct, expire).await;
+    assert!(expired
+        .events
+        .iter()
+        .any(|e| e.key == b("ttl") && e.kind == ChangeKind::Delete));
+    assert_eq!(recorder.seen().len(), 4);
+    assert_eq!(snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_replays_the_log() {
+    restart_preserves_state(NodeOptions::default(), 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_loads_the_snapshot_and_replays_after_it() {
+    restart_preserves_state(small_snapshots(), 57).await;
+}
+
+fn count_log_rows(path: &Path) -> u64 {
+    let db = redb::Database::open(path).unwrap();
+    crate::log_file::stored_len(&db).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_keep_the_log_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_snapshots();
+    let bound = 2 * options.snapshot_every + options.logs_kept_after_snapshot;
+    let (node, _) = open(dir.path(), options.clone()).await;
+    let mut direct = StateMachine::new(config());
+    let mut longest = 0;
+    for i in 0..400 {
+        write_both(
+            &node,
+            &mut direct,
+            set(T0 + i, &format!("k{}", i % 50), &format!("v{i}")),
+        )
+        .await;
+        longest = longest.max(node.stats().log_len);
+    }
+    wait_for_snapshot(&node).await;
+    let stats = node.stats();
+    assert!(stats.snapshots_built >= 10, "{stats:?}");
+    assert!(
+        longest <= bound,
+        "log grew to {longest} entries (bound {bound}): {stats:?}"
+    );
+    node.shutdown().await.unwrap();
+    let rows = count_log_rows(&dir.path().join(FileKind::Log.file_name()));
+    assert!(rows <= bound, "{rows} entries left in the log file");
+
+    let (node, recorder) = open(dir.path(), options).await;
+    assert_eq!(snapshot_of(&node), direct);
+    assert!(node.stats().snapshot_index.is_some());
+    assert!(recorder.seen().is_empty());
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_values_trigger_snapshots_before_the_entry_count_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = NodeOptions {
+        snapshot_every: 1_000_000,
+        snapshot_log_bytes: 64 << 10,
+        logs_kept_after_snapshot: 0,
+        ..NodeOptions::default()
+    };
+    let (node, _) = open(dir.path(), options).await;
+    let mut direct = StateMachine::new(config());
+    let big = "x".repeat(16 << 10);
+    for i in 0..40 {
+        write_both(&node, &mut direct, set(T0 + i, "blob", &big)).await;
+    }
+    wait_for_snapshot(&node).await;
+    let stats = node.stats();
+    // 40 entries of 16 KiB would be 640 KiB of log; the 64 KiB budget
+    // keeps it to a few entries.
+    assert!(stats.log_len <= 10, "{stats:?}");
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_share_fsyncs() {
+    const WRITERS: u64 = 100;
+    const WRITES_EACH: u64 = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let (node, recorder) = open(dir.path(), NodeOptions::default()).await;
+
+    // One writer: one fsync per write.
+    let start = node.stats();
+    for i in 0..20 {
+        node.write(set(T0 + i, "solo", "v")).await.unwrap();
+    }
+    let solo = node.stats();
+    let solo_commits = solo.log_commits - start.log_commits;
+
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                for i in 0..WRITES_EACH {
+                    let applied = node
+                        .write(set(T0 + 100 + i, &format!("w{w}"), &format!("{i}")))
+                        .await;
+                    assert_eq!(applied.unwrap().response, Response::Ok);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let end = node.stats();
+    let writes = WRITERS * WRITES_EACH;
+    let commits = end.log_commits - solo.log_commits;
+    eprintln!(
+        "group commit: 1 writer x 20 writes -> {solo_commits} fsyncs; \
+         {WRITERS} writers x {WRITES_EACH} writes = {writes} writes -> {commits} fsyncs \
+         ({:.1} entries per fsync)",
+        writes as f64 / commits as f64
+    );
+    assert!(solo_commits >= 20, "each lone write needs its own fsync");
+    assert!(
+        commits * 4 <= writes,
+        "{writes} writes took {commits} fsyncs"
+    );
+    assert_eq!(recorder.seen().len() as u64, 20 + writes);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_writes_survive_snapshots_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_snapshots();
+    let (node, recorder) = open(dir.path(), options.clone()).await;
+    let tasks: Vec<_> = (0..20u64)
+        .map(|w| {
+            let node = node.clone();
+            tokio::spawn(async move {
+                for i in 0..25u64 {
+                    let now = T0 + i * 10;
+                    let key = format!("k{}", (w + i) % 7);
+                    let entry = match i % 3 {
+                        0 => set_with(now, &key, &format!("{w}-{i}"), None, Some(5_000)),
+                        1 => request(
+                            now,
+                            Command::Set {
+                                key: b(&key),
+                                value: b("nx"),
+                                condition: Some(SetCondition::Nx),
+                                px_ms: None,
+                            },
+                            None,
+                            dedup(now, &format!("{w}-{i}")),
+                        ),
+                        _ => request(now, Command::Del { key: b(&key) }, None, None),
+                    };
+                    node.write(entry).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = node.stats();
+    assert!(
+        stats.log_entries_written < 500,
+        "writes were not batched: {stats:?}"
+    );
+    assert_eq!(recorder.seen().len(), 500);
+    wait_for_snapshot(&node).await;
+    let before = snapshot_of(&node);
+    node.shutdown().await.unwrap();
+
+    let (node, recorder) = open(dir.path(), options).await;
+    assert_eq!(snapshot_of(&node), before);
+    assert!(recorder.seen().is_empty());
+    node.shutdown().await.unwrap();
+}
+
+async fn create_store(dir: &Path) -> StateMachine {
+    let (node, _) = open(dir, small_snapshots()).await;
+    let mut direct = StateMachine::new(config());
+    for i in 0..50 {
+        write_both(
+            &node,
+            &mut direct,
+            set(T0 + i, &format!("key-{i}"), &"v".repeat(200)),
+        )
+        .await;
+    }
+    wait_for_snapshot(&node).await;
+    node.shutdown().await.unwrap();
+    direct
+}
+
+fn file_path(dir: &Path, kind: FileKind) -> PathBuf {
+    dir.join(kind.file_name())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_format_version_is_refused() {
+    for kind in [FileKind::Log, FileKind::State] {
+        let dir = tempfile::tempdir().unwrap();
+        create_store(dir.path()).await;
+        let path = file_path(dir.path(), kind);
+        set_format_version(&path, 2);
+        let error = StoreNode::open_disk(dir.path(), config(), Recorder::default().hook())
+            .await
+            .err()
+            .expect("a file of another version must be refused");
+        match &error {
+            OpenError::UnsupportedFormat {
+                path: reported,
+                found: 2,
+                supported: 1,
+            } => assert_eq!(reported, &path),
+            other => panic!("unexpected error {other}"),
+        }
+        assert!(
+            error.to_string().contains(&path.display().to_string()),
+            "{error}"
+        );
+    }
+}
+
+type Damage = fn(&mut Vec<u8>);
+
+/// Ways a file can be damaged.
+fn damages() -> Vec<(&'static str, Damage)> {
+    vec![
+        ("truncated to nothing", |bytes| bytes.clear()),
+        ("truncated to half", |bytes| bytes.truncate(bytes.len() / 2)),
+        ("truncated by one page", |bytes| {
+            bytes.truncate(bytes.len() - 4096)
+        }),
+        ("header overwritten", |bytes| bytes[..512].fill(0x5a)),
+        ("body overwritten", |bytes| {
+            let len = bytes.len();
+            bytes[4096..len]
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, b)| *b = (i * 7 + 13) as u8);
+        }),
+        ("not a database at all", |bytes| {
+            *bytes = b"this is not a database file\n".repeat(1000);
+        }),
+    ]
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+fn file_names(dir: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damaged_files_are_refused_and_left_untouched() {
+    let original = tempfile::tempdir().unwrap();
+    let direct = create_store(original.path()).await;
+    for kind in [FileKind::Log, FileKind::State] {
+        for (what, damage) in damages() {
+            let case = format!("{} {what}", kind.file_name());
+            let dir = tempfile::tempdir().unwrap();
+            copy_dir(original.path(), dir.path());
+            let path = file_path(dir.path(), kind);
+            let mut bytes = std::fs::read(&path).unwrap();
+            damage(&mut bytes);
+            std::fs::write(&path, &bytes).unwrap();
+            let names = file_names(dir.path());
+
+            let result =
+                StoreNode::open_disk(dir.path(), config(), Recorder::default().hook()).await;
+            let error = match result {
+                Ok(node) => {
+                    node.shutdown().await.unwrap();
+                    panic!("{case}: opened");
+                }
+                Err(error) => error,
+            };
+            assert!(
+                matches!(error, OpenError::Corrupt { .. }),
+                "{case}: {error}"
+            );
+            assert!(
+                error.to_string().contains(&path.display().to_string()),
+                "{case}: {error}"
+            );
+            assert!(
+                std::fs::read(&path).unwrap() == bytes,
+                "{case}: the damaged file was modified"
+            );
+            assert_eq!(file_names(dir.path()), names, "{case}: files were created");
+        }
+    }
+    // The undamaged original still opens with everything in it.
+    let (node, _) = open(original.path(), small_snapshots()).await;
+    assert_eq!(snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_in_use_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    node.write(set(T0, "k", "v")).await.unwrap();
+    let error = StoreNode::open_disk(dir.path(), config(), Recorder::default().hook())
+        .await
+        .err()
+        .expect("second open must fail");
+    let log = file_path(dir.path(), FileKind::Log);
+    match &error {
+        OpenError::InUse { path } => assert_eq!(path, &log),
+        other => panic!("unexpected error {other}"),
+    }
+    assert!(error.to_string().contains(&log.display().to_string()));
+    // The first store is unaffected, and the directory opens once it is closed.
+    node.write(set(T0 + 1, "k", "w")).await.unwrap();
+    node.shutdown().await.unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    assert_eq!(
+        node.read(|m| m.get(b"k", T0 + 1).map(|(v, _)| v)),
+        Some(b("w"))
+    );
+    node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_log_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    create_store(dir.path()).await;
+    std::fs::remove_file(file_path(dir.path(), FileKind::Log)).unwrap();
+    let error = StoreNode::open_disk(dir.path(), config(), Recorder::default().hook())
+        .await
+        .err()
+        .expect("a snapshot without its log must be refused");
+    assert!(matches!(error, OpenError::Inconsistent { .. }), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_creation_is_started_over() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("raft-log.redb.partial"), b"half-written").unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    node.write(set(T0, "k", "v")).await.unwrap();
+    node.shutdown().await.unwrap();
+    assert!(!dir.path().join("raft-log.redb.partial").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_creation_config_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    node.write(set(T0, "k", "v")).await.unwrap();
+    node.shutdown().await.unwrap();
+    let other = StoreConfig {
+        max_keys: Some(0),
+        ..StoreConfig::new("elsewhere")
+    };
+    let node = StoreNode::open_disk(dir.path(), other, Recorder::default().hook())
+        .await
+        .unwrap();
+    assert_eq!(node.read(|m| m.config().clone()), config());
+    node.shutdown().await.unwrap();
+}
+
+const CRASH_DIR: &str = "MQKV_RAFT_CRASH_DIR";
+const CRASH_ROUND: &str = "MQKV_RAFT_CRASH_ROUND";
+
+/// The child process of `acknowledged_writes_survive_kill_9`: writes from
+/// several tasks until it is killed, printing every acknowledged write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "only runs as the child process of acknowledged_writes_survive_kill_9"]
+async fn crash_child_writer() {
+    let (Ok(dir), Ok(round)) = (std::env::var(CRASH_DIR), std::env::var(CRASH_ROUND)) else {
+        return;
+    };
+    let (node, _) = open(Path::new(&dir), small_snapshots()).await;
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let node = node.clone();
+            let round = round.clone();
+            tokio::spawn(async move {
+                for i in 0..1_000_000u64 {
+                    let key = format!("r{round}-w{w}-{i}");
+                    node.write(set(T0 + i, &key, &key)).await.unwrap();
+                    println!("ack {key}");
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}
+
+#[test]
+fn acknowledged_writes_survive_kill_9() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command as Process, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut acked = Vec::new();
+    for (round, kill_after) in [300, 777, 1234].into_iter().enumerate() {
+        let mut child = Process::new(std::env::current_exe().unwrap())
+            .args([
+                "tests::crash_child_writer",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(CRASH_DIR, dir.path())
+            .env(CRASH_ROUND, round.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut this_round = 0;
+        for line in stdout.lines() {
+            if let Some(key) = line.unwrap().strip_prefix("ack ") {
+                acked.push(key.to_string());
+                this_round += 1;
+                if this_round == kill_after {
+                    break;
+                }
+            }
+        }
+        // SIGKILL: no shutdown, no flush, mid-write.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(this_round, kill_after, "the child stopped writing early");
+
+        runtime.block_on(async {
+            let (node, recorder) = open(dir.path(), small_snapshots()).await;
+            for key in &acked {
+                let value = node.read(|m| m.get(key.as_bytes(), T0).map(|(value, _)| value));
+                assert_eq!(value, Some(b(key)), "acknowledged write {key} was lost");
+            }
+            assert!(recorder.seen().is_empty());
+            node.shutdown().await.unwrap();
+        });
+    }
+}
+
+mod openraft_suite {
+    //! openraft's own conformance tests for log and state machine storage:
+    //! votes, appends, truncation, purging, membership, snapshots.
+
+    use std::sync::Arc;
+
+    use openraft::testing::{StoreBuilder, Suite};
+    use tempfile::TempDir;
+
+    use super::config;
+    use crate::files::Location;
+    use crate::log_store::LogStore;
+    use crate::node::recover;
+    use crate::state_machine::StateMachineStore;
+    use crate::stats::Counters;
+    use crate::types::{StorageError, TypeConfig};
+    use crate::NodeOptions;
+
+    struct FreshStore;
+
+    impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for FreshStore {
+        async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError> {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let location = Location::Disk(dir.path().to_path_buf());
+            let counters = Arc::new(Counters::default());
+            let recovered = recover(&location, config(), &NodeOptions::default(), counters)
+                .expect("a fresh store opens");
+            Ok((dir, recovered.log, StateMachineStore::new(recovered.state)))
+        }
+    }
+
+    #[test]
+    fn storage_passes_the_openraft_suite() {
+        Suite::test_all(FreshStore).expect("openraft storage suite");
+    }
+}
+
+mod model {
+    //! Property: a store that is written to and restarted at random answers
+    //! exactly like one `StateMachine` fed the same entries.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Write {
+            advance_ms: u64,
+            op: OpSpec,
+            dedup: Option<u8>,
+        },
+        Restart,
+    }
+
+    #[derive(Debug, Clone)]
+    enum OpSpec {
+        Set {
+            key: u8,
+            value: u8,
+            condition: Option<SetCondition>,
+            px_ms: Option<u64>,
+            ft: Option<u8>,
+        },
+        Del {
+            key: u8,
+            ft: Option<u8>,
+        },
+        VDel {
+            key: u8,
+            value: u8,
+        },
+        Get {
+            key: u8,
+        },
+        ExpireDue,
+    }
+
+    fn op() -> impl Strategy<Value = OpSpec> {
+        let condition = prop_oneof![
+            Just(None),
+            Just(Some(SetCondition::Nx)),
+            Just(Some(SetCondition::Nex))
+        ];
+        prop_oneof![
+            4 => (0..4u8, 0..3u8, condition, proptest::option::of(1..3_000u64), proptest::option::of(0..4u8))
+                .prop_map(|(key, value, condition, px_ms, ft)| OpSpec::Set { key, value, condition, px_ms, ft }),
+            1 => (0..4u8, proptest::option::of(0..4u8)).prop_map(|(key, ft)| OpSpec::Del { key, ft }),
+            1 => (0..4u8, 0..3u8).prop_map(|(key, value)| OpSpec::VDel { key, value }),
+            1 => (0..4u8).prop_map(|key| OpSpec::Get { key }),
+            1 => Just(OpSpec::ExpireDue),
+        ]
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => (0..2_000u64, op(), proptest::option::of(0..3u8))
+                .prop_map(|(advance_ms, op, dedup)| Step::Write { advance_ms, op, dedup }),
+            1 => Just(Step::Restart),
+        ]
+    }
+
+    fn entry(now: u64, op: &OpSpec, correlation: Option<u8>) -> Entry {
+        let key = |k: &u8| b(&format!("key{k}"));
+        let value = |v: &u8| b(&format!("value{v}"));
+        let ft = |f: &Option<u8>| f.map(|f| Hlc::new(T0 + u64::from(f) * 1_000, 0, "client"));
+        let dedup = correlation.and_then(|c| dedup(now, &format!("corr{c}")));
+        match op {
+            OpSpec::Set {
+                key: k,
+                value: v,
+                condition,
+                px_ms,
+                ft: f,
+            } => request(
+                now,
+                Command::Set {
+                    key: key(k),
+                    value: value(v),
+                    condition: *condition,
+                    px_ms: *px_ms,
+                },
+                ft(f),
+                dedup,
+            ),
+            OpSpec::Del { key: k, ft: f } => {
+                request(now, Command::Del { key: key(k) }, ft(f), dedup)
+            }
+            OpSpec::VDel { key: k, value: v } => request(
+                now,
+                Command::VDel {
+                    key: key(k),
+                    value: value(v),
+                },
+                None,
+                dedup,
+            ),
+            OpSpec::Get { key: k } => request(now, Command::Get { key: key(k) }, None, None),
+            OpSpec::ExpireDue => Entry {
+                now_ms: now,
+                op: Op::ExpireDue,
+            },
+        }
+    }
+
+    async fn run(steps: Vec<Step>) {
+        let dir = tempfile::tempdir().unwrap();
+        let options = NodeOptions {
+            snapshot_every: 4,
+            logs_kept_after_snapshot: 2,
+            ..NodeOptions::default()
+        };
+        let mut direct = StateMachine::new(config());
+        let (mut node, mut recorder) = open(dir.path(), options.clone()).await;
+        let mut now = T0 + 10_000;
+        let mut written = 0;
+        for step in steps {
+            match step {
+                Step::Write {
+                    advance_ms,
+                    op,
+                    dedup,
+                } => {
+                    now += advance_ms;
+                    write_both(&node, &mut direct, entry(now, &op, dedup)).await;
+                    written += 1;
+                    assert_eq!(recorder.seen().len(), written);
+                }
+                Step::Restart => {
+                    node.shutdown().await.unwrap();
+                    (node, recorder) = open(dir.path(), options.clone()).await;
+                    written = 0;
+                    assert_eq!(snapshot_of(&node), direct);
+                }
+            }
+        }
+        assert_eq!(snapshot_of(&node), direct);
+        node.shutdown().await.unwrap();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+        #[test]
+        fn store_node_answers_like_a_fresh_state_machine(steps in proptest::collection::vec(step(), 1..40)) {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(run(steps));
+        }
+    }
+}
