@@ -602,7 +602,7 @@ impl Conn {
                 properties: p.properties,
                 from: self.ident.clone(),
             };
-            if tx.send(ServiceEvent::Publish(sp)).await.is_err() {
+            if tx.send(ServiceEvent::Publish(Box::new(sp))).await.is_err() {
                 code = reason::SERVER_UNAVAILABLE;
             }
         } else {

@@ -40,7 +40,7 @@ pub struct ServicePublish {
 
 #[derive(Debug, Clone)]
 pub enum ServiceEvent {
-    Publish(ServicePublish),
+    Publish(Box<ServicePublish>),
     Connected(ClientIdentity),
     Disconnected(ClientIdentity),
 }

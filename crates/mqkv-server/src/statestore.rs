@@ -191,7 +191,7 @@ impl StateStoreService {
     async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<ServiceEvent>) {
         while let Some(ev) = rx.recv().await {
             match ev {
-                ServiceEvent::Publish(p) => self.request(p),
+                ServiceEvent::Publish(p) => self.request(*p),
                 ServiceEvent::Connected(_) => {}
                 ServiceEvent::Disconnected(who) => self
                     .notifier

@@ -1,4 +1,7 @@
-//! The `mqkv` command: `mqkv serve` runs the broker and state store.
+//! The `mqkv` command: `mqkv serve` runs the broker and state store; the
+//! other subcommands (in `cli`) are state store clients.
+
+mod cli;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,7 +15,8 @@ use mqkv_server::{Server, ServerConfig, StorageKind};
 #[command(
     name = "mqkv",
     version,
-    about = "An MQTT 5 broker with a built-in state store"
+    about = "An MQTT 5 broker with a built-in state store",
+    after_help = cli::EXIT_CODES
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,6 +27,8 @@ struct Cli {
 enum Command {
     /// Run the broker and state store.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 #[derive(Args)]
@@ -145,13 +151,14 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     let result = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Client(command) => std::process::exit(cli::run(command)),
     };
     if let Err(e) = result {
         eprintln!("mqkv: {e:#}");

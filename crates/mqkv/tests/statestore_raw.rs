@@ -116,7 +116,9 @@ async fn malformed_requests_get_the_documented_errors() {
     let mut server = ServerProcess::start(&[]);
     let mut c = Client::connect("raw3", server.port).await;
     let now = vec![("__ts".to_string(), ts(now_ms()))];
-    let cases: Vec<(Vec<u8>, Vec<(String, String)>, &[u8])> = vec![
+    // (payload, user properties, expected answer)
+    type Case = (Vec<u8>, Vec<(String, String)>, &'static [u8]);
+    let cases: Vec<Case> = vec![
         (b"garbage".to_vec(), now.clone(), b"-ERR syntax error\r\n"),
         (b"*2\r\n$3\r\nGET\r\n$5\r\nab\r\n".to_vec(), now.clone(), b"-ERR syntax error\r\n"),
         (b"*1\r\n$3\r\nGET\r\n".to_vec(), now.clone(), b"-ERR wrong number of arguments\r\n"),

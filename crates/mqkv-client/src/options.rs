@@ -1,0 +1,280 @@
+//! How to reach the broker and how patient to be.
+
+use std::time::Duration;
+
+use mqkv_protocol::Hlc;
+use mqkv_protocol::SetCondition;
+
+use crate::clock::random_uuid;
+
+/// Connection settings for [`Client::connect`](crate::Client::connect).
+///
+/// ```
+/// use std::time::Duration;
+/// use mqkv_client::ClientOptions;
+///
+/// let options = ClientOptions::new("127.0.0.1", 1883)
+///     .client_id("sensor-7")
+///     .credentials("app", "secret")
+///     .request_timeout(Duration::from_secs(5));
+/// assert_eq!(options.get_client_id(), "sensor-7");
+/// ```
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) client_id: String,
+    pub(crate) credentials: Option<(String, String)>,
+    pub(crate) keep_alive: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) reconnect_min: Duration,
+    pub(crate) reconnect_max: Duration,
+}
+
+impl ClientOptions {
+    /// Settings for the broker at `host:port`, with a random client id
+    /// (`mqkv-<uuid>`), no credentials, a 30 s keep alive, a 10 s request
+    /// timeout (the SDKs' default) and reconnection after 100 ms growing to
+    /// 2 s between attempts.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("broker.local", 1883);
+    /// assert!(options.get_client_id().starts_with("mqkv-"));
+    /// ```
+    pub fn new(host: impl Into<String>, port: u16) -> ClientOptions {
+        ClientOptions {
+            host: host.into(),
+            port,
+            client_id: format!("mqkv-{}", random_uuid()),
+            credentials: None,
+            keep_alive: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(2),
+        }
+    }
+
+    /// The MQTT client id. It is also the observer identity for
+    /// notifications and part of the response topic, so it must not contain
+    /// `/`, `+` or `#`.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).client_id("pump-7");
+    /// assert_eq!(options.get_client_id(), "pump-7");
+    /// ```
+    pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
+        self.client_id = client_id.into();
+        self
+    }
+
+    /// The client id these options will connect with.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).client_id("pump-7");
+    /// assert_eq!(options.get_client_id(), "pump-7");
+    /// ```
+    pub fn get_client_id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// User name and password for the CONNECT packet.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).credentials("app", "secret");
+    /// ```
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some((username.into(), password.into()));
+        self
+    }
+
+    /// MQTT keep alive interval; at least 5 s (shorter values are raised to 5 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).keep_alive(Duration::from_secs(10));
+    /// ```
+    pub fn keep_alive(mut self, keep_alive: Duration) -> Self {
+        self.keep_alive = keep_alive;
+        self
+    }
+
+    /// How long a request waits for its answer, across reconnections. The
+    /// message expiry sent with each request is this, rounded up to whole
+    /// seconds. Override per call site with
+    /// [`Client::with_timeout`](crate::Client::with_timeout).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).request_timeout(Duration::from_secs(3));
+    /// ```
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How long the first connection attempt may take.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883).connect_timeout(Duration::from_secs(2));
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Delay before the first reconnection attempt after a lost connection,
+    /// doubling after each failed attempt up to `max`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 1883)
+    ///     .reconnect_delay(Duration::from_millis(50), Duration::from_secs(5));
+    /// ```
+    pub fn reconnect_delay(mut self, min: Duration, max: Duration) -> Self {
+        self.reconnect_min = min;
+        self.reconnect_max = max.max(min);
+        self
+    }
+}
+
+/// Options of a SET.
+///
+/// ```
+/// use std::time::Duration;
+/// use mqkv_client::SetOptions;
+///
+/// // Create the key only if it does not exist, and let it expire after 5 s.
+/// let options = SetOptions::new().nx().expires_in(Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetOptions {
+    /// `NX` or `NEX`, or unconditional.
+    pub condition: Option<SetCondition>,
+    /// `PX`: the key expires this long after the SET. At least 1 ms.
+    pub expires_in: Option<Duration>,
+    /// `__ft`: the fencing token that proves the right to write a fenced key.
+    pub fencing_token: Option<Hlc>,
+}
+
+impl SetOptions {
+    /// Unconditional, no expiry, no fencing token.
+    ///
+    /// ```
+    /// let options = mqkv_client::SetOptions::new();
+    /// assert_eq!(options.condition, None);
+    /// ```
+    pub fn new() -> SetOptions {
+        SetOptions::default()
+    }
+
+    /// Set only if the key does not exist.
+    ///
+    /// ```
+    /// use mqkv_client::{SetCondition, SetOptions};
+    ///
+    /// assert_eq!(SetOptions::new().nx().condition, Some(SetCondition::Nx));
+    /// ```
+    pub fn nx(mut self) -> Self {
+        self.condition = Some(SetCondition::Nx);
+        self
+    }
+
+    /// Set only if the key does not exist or already holds this value
+    /// (used to renew leases).
+    ///
+    /// ```
+    /// use mqkv_client::{SetCondition, SetOptions};
+    ///
+    /// assert_eq!(SetOptions::new().nex().condition, Some(SetCondition::Nex));
+    /// ```
+    pub fn nex(mut self) -> Self {
+        self.condition = Some(SetCondition::Nex);
+        self
+    }
+
+    /// Let the key expire `ttl` after this SET.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mqkv_client::SetOptions;
+    ///
+    /// let options = SetOptions::new().expires_in(Duration::from_secs(30));
+    /// ```
+    pub fn expires_in(mut self, ttl: Duration) -> Self {
+        self.expires_in = Some(ttl);
+        self
+    }
+
+    /// Send `token` as the fencing token.
+    ///
+    /// ```
+    /// # async fn demo(lease: mqkv_client::Lease) {
+    /// if let Some(token) = lease.fencing_token() {
+    ///     let options = mqkv_client::SetOptions::new().fencing_token(token);
+    /// }
+    /// # }
+    /// ```
+    pub fn fencing_token(mut self, token: Hlc) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+}
+
+/// Options of a DEL or VDEL.
+///
+/// ```
+/// use mqkv_client::DelOptions;
+/// use mqkv_protocol::Hlc;
+///
+/// let token: Hlc = "001700000000000:00000:mqkv".parse().unwrap();
+/// let options = DelOptions::new().fencing_token(token);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DelOptions {
+    /// `__ft`: the fencing token that proves the right to delete a fenced key.
+    pub fencing_token: Option<Hlc>,
+}
+
+impl DelOptions {
+    /// No fencing token.
+    ///
+    /// ```
+    /// let options = mqkv_client::DelOptions::new();
+    /// assert_eq!(options.fencing_token, None);
+    /// ```
+    pub fn new() -> DelOptions {
+        DelOptions::default()
+    }
+
+    /// Send `token` as the fencing token.
+    ///
+    /// ```
+    /// use mqkv_client::{DelOptions, Hlc};
+    ///
+    /// let token = Hlc::new(1_700_000_000_000, 0, "mqkv");
+    /// assert_eq!(DelOptions::new().fencing_token(token.clone()).fencing_token, Some(token));
+    /// ```
+    pub fn fencing_token(mut self, token: Hlc) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+}

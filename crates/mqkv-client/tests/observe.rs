@@ -1,0 +1,205 @@
+//! Key observations against a real server, including across a server restart.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{Server, WAIT};
+use mqkv_client::{Client, KeyNotification, Observation, Operation, SetOptions};
+
+async fn next(observation: &mut Observation) -> KeyNotification {
+    observation
+        .recv_timeout(WAIT)
+        .await
+        .expect("client open")
+        .expect("a notification in time")
+}
+
+async fn nothing_within(observation: &mut Observation, wait: Duration) {
+    let got = observation.recv_timeout(wait).await.expect("client open");
+    assert!(got.is_none(), "unexpected notification {got:?}");
+}
+
+fn set_of(value: &str) -> Operation {
+    Operation::Set {
+        value: Bytes::copy_from_slice(value.as_bytes()),
+    }
+}
+
+#[tokio::test]
+async fn sets_deletes_and_expiry_are_notified_with_versions() {
+    let server = Server::start();
+    let observer = server.client("obs-basic").await;
+    let writer = server.client("obs-basic-writer").await;
+
+    let mut obs = observer.observe("door").await.unwrap();
+    assert_eq!(obs.initial(), None);
+
+    let set = writer.set("door", "open").await.unwrap();
+    let n = next(&mut obs).await;
+    assert_eq!(n.key, Bytes::from_static(b"door"));
+    assert_eq!(n.operation, set_of("open"));
+    assert_eq!(
+        Some(&n.version),
+        set.version(),
+        "SET notification carries the new version"
+    );
+    assert!(!n.synthesized);
+
+    writer.del("door").await.unwrap();
+    let n = next(&mut obs).await;
+    assert_eq!(n.operation, Operation::Delete);
+    assert!(Some(&n.version) > set.version());
+
+    let px = SetOptions::new().expires_in(Duration::from_millis(200));
+    writer.set_with("door", "ajar", &px).await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("ajar"));
+    assert_eq!(
+        next(&mut obs).await.operation,
+        Operation::Delete,
+        "expiry is a DELETE"
+    );
+
+    // The observer's own writes are notified too.
+    observer.set("door", "shut").await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("shut"));
+}
+
+#[tokio::test]
+async fn initial_state_and_several_observers_of_one_key() {
+    let server = Server::start();
+    let client = server.client("obs-many").await;
+    let set = client.set("k", "v0").await.unwrap();
+
+    let mut a = client.observe("k").await.unwrap();
+    let mut b = client.observe("k").await.unwrap();
+    let initial = a.initial().expect("key exists");
+    assert_eq!(initial.value, "v0");
+    assert_eq!(Some(&initial.version), set.version());
+
+    client.set("k", "v1").await.unwrap();
+    assert_eq!(next(&mut a).await.operation, set_of("v1"));
+    assert_eq!(next(&mut b).await.operation, set_of("v1"));
+
+    // Ending one observation leaves the other working.
+    a.unobserve().await.unwrap();
+    client.set("k", "v2").await.unwrap();
+    assert_eq!(next(&mut b).await.operation, set_of("v2"));
+
+    // Ending the last one withdraws the registration; the client goes on
+    // observing other keys.
+    client.unobserve(b).await.unwrap();
+    let mut other = client.observe("other").await.unwrap();
+    client.set("k", "v3").await.unwrap();
+    client.set("other", "x").await.unwrap();
+    assert_eq!(next(&mut other).await.operation, set_of("x"));
+}
+
+#[tokio::test]
+async fn observing_again_after_unobserve_reports_each_change_once() {
+    let server = Server::start();
+    let client = server.client("obs-stop").await;
+    let obs = client.observe("gone").await.unwrap();
+    obs.unobserve().await.unwrap();
+    // Observe again: only changes after this point may arrive, exactly once.
+    let mut obs = client.observe("gone").await.unwrap();
+    client.set("gone", "1").await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("1"));
+    nothing_within(&mut obs, Duration::from_millis(500)).await;
+}
+
+/// The observer is away (server killed and restarted on the same port)
+/// while another client changes the key: the observer reports the change
+/// as a synthesized SET when it comes back.
+#[tokio::test]
+async fn a_set_made_while_the_observer_was_away_is_reported() {
+    let mut server = Server::start();
+    let options = server
+        .options("obs-away-set")
+        // Come back slowly, so the change below is surely made while away.
+        .reconnect_delay(Duration::from_secs(3), Duration::from_secs(3));
+    let observer = Client::connect(options).await.unwrap();
+    let writer = server.client("obs-away-set-writer").await;
+
+    writer.set("sensor", "20").await.unwrap();
+    let mut obs = observer.observe("sensor").await.unwrap();
+    assert_eq!(
+        obs.initial().map(|v| v.value.clone()),
+        Some(Bytes::from_static(b"20"))
+    );
+    writer.set("sensor", "21").await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("21"));
+
+    server.restart();
+    // The new server starts empty; write the key before the observer is back.
+    let writer = Client::connect(server.options("obs-away-set-writer-2"))
+        .await
+        .unwrap();
+    let while_away = writer.set("sensor", "22").await.unwrap();
+
+    let n = next(&mut obs).await;
+    assert!(n.synthesized, "{n:?}");
+    assert_eq!(n.operation, set_of("22"));
+    assert_eq!(Some(&n.version), while_away.version());
+
+    // Observation is live again on the new server.
+    writer.set("sensor", "23").await.unwrap();
+    let n = next(&mut obs).await;
+    assert_eq!(n.operation, set_of("23"));
+    assert!(!n.synthesized);
+    nothing_within(&mut obs, Duration::from_millis(300)).await;
+}
+
+/// The key vanished while the observer was away: a synthesized DELETE.
+#[tokio::test]
+async fn a_delete_made_while_the_observer_was_away_is_reported() {
+    let mut server = Server::start();
+    let options = server
+        .options("obs-away-del")
+        .reconnect_delay(Duration::from_millis(100), Duration::from_millis(500));
+    let observer = Client::connect(options).await.unwrap();
+    observer.set("lamp", "on").await.unwrap();
+    let mut obs = observer.observe("lamp").await.unwrap();
+    let last_seen = obs.initial().expect("exists").version.clone();
+
+    // The restarted server keeps nothing in memory: the key is gone.
+    server.restart();
+
+    let n = next(&mut obs).await;
+    assert!(n.synthesized, "{n:?}");
+    assert_eq!(n.operation, Operation::Delete);
+    assert!(n.version > last_seen);
+
+    // And notifications flow again after the reconnection.
+    observer.set("lamp", "off").await.unwrap();
+    let n = next(&mut obs).await;
+    assert_eq!(n.operation, set_of("off"));
+    assert!(!n.synthesized);
+}
+
+/// Nothing changed while away: nothing is reported.
+#[tokio::test]
+async fn an_unchanged_key_reports_nothing_after_a_reconnect() {
+    let mut server = Server::start();
+    let options = server
+        .options("obs-away-same")
+        .reconnect_delay(Duration::from_millis(100), Duration::from_millis(500));
+    let observer = Client::connect(options).await.unwrap();
+    let mut obs = observer.observe("absent").await.unwrap();
+    server.restart();
+    let mut status = observer.status();
+    tokio::time::timeout(WAIT, async {
+        while !matches!(
+            status.current(),
+            mqkv_client::ConnectionStatus::Connected { connections: 2 }
+        ) {
+            status.changed().await;
+        }
+    })
+    .await
+    .expect("reconnected");
+    nothing_within(&mut obs, Duration::from_millis(800)).await;
+    observer.set("absent", "now").await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("now"));
+}

@@ -1,0 +1,50 @@
+//! Connection flags shared by every state store command.
+
+use std::time::Duration;
+
+use clap::Args;
+use mqkv_client::{Client, ClientOptions};
+
+#[derive(Args, Debug, Clone)]
+pub struct ConnectionArgs {
+    /// Broker host name or address.
+    #[arg(long, env = "MQKV_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Broker port.
+    #[arg(long, env = "MQKV_PORT", default_value_t = 1883)]
+    pub port: u16,
+    /// MQTT client id (default: mqkv-<random>). Also the holder name of locks and leadership.
+    #[arg(long, env = "MQKV_CLIENT_ID")]
+    pub client_id: Option<String>,
+    /// User name for the broker.
+    #[arg(long, env = "MQKV_USERNAME")]
+    pub username: Option<String>,
+    /// Password for the broker.
+    #[arg(long, env = "MQKV_PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+    /// How long to wait for each answer, in milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout: u64,
+}
+
+impl ConnectionArgs {
+    pub fn options(&self) -> anyhow::Result<ClientOptions> {
+        let mut options = ClientOptions::new(self.host.clone(), self.port)
+            .request_timeout(Duration::from_millis(self.timeout));
+        if let Some(id) = &self.client_id {
+            options = options.client_id(id.clone());
+        }
+        match (&self.username, &self.password) {
+            (Some(user), password) => {
+                options = options.credentials(user.clone(), password.clone().unwrap_or_default());
+            }
+            (None, Some(_)) => anyhow::bail!("--password needs --username"),
+            (None, None) => {}
+        }
+        Ok(options)
+    }
+
+    pub async fn connect(&self) -> anyhow::Result<Client> {
+        Ok(Client::connect(self.options()?).await?)
+    }
+}
