@@ -174,7 +174,11 @@ pub struct StateStoreService {
 impl StateStoreService {
     /// Claims the request topic on `broker` and serves it from `node` until the broker goes
     /// away. `notifier` must be the one whose hook `node` was opened with.
-    pub fn spawn(broker: &Broker, node: StoreNode, notifier: Arc<Notifier>) -> tokio::task::JoinHandle<()> {
+    pub fn spawn(
+        broker: &Broker,
+        node: StoreNode,
+        notifier: Arc<Notifier>,
+    ) -> tokio::task::JoinHandle<()> {
         // The notification namespace is claimed too, so no client can publish forged
         // notifications into it; the service drops whatever arrives there.
         let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
@@ -211,7 +215,14 @@ impl StateStoreService {
                 None => Duration::from_secs(3600),
             };
             if wait.is_zero() {
-                match self.node.write(Entry { now_ms: now_ms(), op: Op::ExpireDue }).await {
+                match self
+                    .node
+                    .write(Entry {
+                        now_ms: now_ms(),
+                        op: Op::ExpireDue,
+                    })
+                    .await
+                {
                     Ok(_) => continue,
                     Err(e) => {
                         tracing::warn!(error = %e, "expiring keys failed");
@@ -331,7 +342,9 @@ impl StateStoreService {
                         op: Op::Request(request),
                     };
                     match me.node.write(entry).await {
-                        Ok(applied) => me.respond(&reply, &applied.response, applied.version.as_ref()),
+                        Ok(applied) => {
+                            me.respond(&reply, &applied.response, applied.version.as_ref())
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
                             me.unavailable(&reply, &e.to_string());
@@ -387,7 +400,10 @@ impl StateStoreService {
         let user_properties = vec![
             (prop::STATUS.to_owned(), "503".to_owned()),
             (prop::STATUS_MESSAGE.to_owned(), why.to_owned()),
-            (prop::PROTOCOL_VERSION.to_owned(), prop::PROTOCOL_VERSION_VALUE.to_owned()),
+            (
+                prop::PROTOCOL_VERSION.to_owned(),
+                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+            ),
         ];
         self.send(reply, Bytes::new(), user_properties);
     }

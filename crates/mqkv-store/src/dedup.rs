@@ -81,7 +81,13 @@ impl DedupTable {
     }
 
     /// Remembers the answer to a request.
-    pub(crate) fn remember(&mut self, id: &DedupId, fingerprint: u64, applied: &Applied, now_ms: u64) {
+    pub(crate) fn remember(
+        &mut self,
+        id: &DedupId,
+        fingerprint: u64,
+        applied: &Applied,
+        now_ms: u64,
+    ) {
         let expires_at_ms = id
             .expires_at_ms
             .min(now_ms.saturating_add(MAX_RETENTION_MS));
@@ -282,7 +288,12 @@ mod tests {
         let mut table = DedupTable::default();
         let hit = Applied::reply(Response::Integer(1), Some(Hlc::new(5, 0, "s")));
         table.remember(&id("a", 100), 7, &hit, 0);
-        table.remember(&id("b", 50), 7, &Applied::reply(Response::NotApplied, None), 0);
+        table.remember(
+            &id("b", 50),
+            7,
+            &Applied::reply(Response::NotApplied, None),
+            0,
+        );
         let bytes = postcard::to_allocvec(&table).unwrap();
         let restored: DedupTable = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(restored, table);
@@ -326,8 +337,12 @@ mod tests {
         table.remember(&id("c", 100), 1, &Applied::reply(Response::Ok, None), 0);
         assert!(table.lookup(&id("c", 0), 1, 1).is_some());
         assert!(table.lookup(&id("c", 0), 2, 1).is_none());
-        let set = mqkv_protocol::Command::Get { key: Bytes::from_static(b"k") };
-        let del = mqkv_protocol::Command::Del { key: Bytes::from_static(b"k") };
+        let set = mqkv_protocol::Command::Get {
+            key: Bytes::from_static(b"k"),
+        };
+        let del = mqkv_protocol::Command::Del {
+            key: Bytes::from_static(b"k"),
+        };
         assert_ne!(fingerprint(&set), fingerprint(&del));
         assert_eq!(fingerprint(&set), fingerprint(&set.clone()));
     }
