@@ -382,16 +382,18 @@ pub(crate) fn recover(
             format!("its store configuration does not decode: {e}"),
         )
     })?;
-    if stored_config != config {
-        // Replaying the log under other limits could answer differently
-        // than when the entries were first applied.
+    if stored_config.node_id != config.node_id {
+        // Versions must keep their node id for the life of the store.
         tracing::warn!(
             store = %state_file.path.display(),
-            stored = ?stored_config,
-            given = ?config,
-            "store configuration differs from the one the store was created with; using the stored one"
+            stored = %stored_config.node_id,
+            given = %config.node_id,
+            "the store keeps the node id it was created with"
         );
     }
+    // Entries are replayed under the configuration they were first applied
+    // under; new limits take effect through an `Op::SetLimits` entry that the
+    // caller proposes after recovery.
 
     let state = match &snapshot {
         Some((meta, data)) => AppliedState {

@@ -196,7 +196,7 @@ fn answer(replies: Vec<Reply>, result: Result<Vec<Outcome>, WriteError>) {
 fn approximate_size(entry: &Entry) -> usize {
     const OVERHEAD: usize = 64;
     let payload = match &entry.op {
-        Op::ExpireDue => 0,
+        Op::ExpireDue | Op::SetLimits(_) => 0,
         Op::Request(request) => match &request.command {
             Command::Set { key, value, .. } | Command::VDel { key, value } => {
                 key.len() + value.len()

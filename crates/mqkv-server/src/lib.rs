@@ -27,6 +27,8 @@ pub enum StartError {
     Persist(#[from] persistence::PersistError),
     #[error(transparent)]
     Store(#[from] mqkv_raft::OpenError),
+    #[error("cannot apply the state store limits: {0}")]
+    Limits(mqkv_raft::WriteError),
     #[error("cannot load broker state: {0}")]
     Import(#[from] mqkv_broker::persist::ImportError),
     #[error("cannot listen on {addr}: {source}")]
@@ -68,6 +70,20 @@ impl Server {
                 StoreNode::open_disk(&config.data_dir, store_config, notifier.hook()).await?
             }
         };
+        // Limits from the configuration take effect through the log, so that entries written
+        // under the old limits replay under them.
+        let limits = mqkv_store::Limits {
+            max_keys: store.max_keys,
+            max_bytes: store.max_bytes,
+            scan_page_size: store.scan_page_size,
+        };
+        if node.read(|m| m.limits()) != limits {
+            let entry = mqkv_store::Entry {
+                now_ms: statestore::now_ms(),
+                op: mqkv_store::Op::SetLimits(limits),
+            };
+            node.write(entry).await.map_err(StartError::Limits)?;
+        }
         statestore::StateStoreService::spawn(&broker, node.clone(), notifier);
         let mut listeners = Vec::new();
         for addr in &config.listen {

@@ -38,7 +38,8 @@ const DEFAULT_DEDUP_WINDOW_MS: u64 = 60_000;
 /// Reason code sent to a client whose request names a reserved response topic.
 const RESERVED_RESPONSE_TOPIC_REASON: u8 = mqkv_broker::codec::reason::NOT_AUTHORIZED;
 
-fn now_ms() -> u64 {
+/// Wall clock in Unix milliseconds.
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -31,6 +31,18 @@ pub enum Op {
     /// Delete every key whose deadline is at or before `now_ms`. Proposed by
     /// the leader's expiry timer (see `StateMachine::next_expiry_ms`).
     ExpireDue,
+    /// Change the limits. A log entry like any other, so entries before it
+    /// are replayed under the old limits and entries after it under the new
+    /// ones, on every replica. The node id never changes (versions keep it).
+    SetLimits(Limits),
+}
+
+/// The adjustable part of a [`crate::StoreConfig`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub max_keys: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub scan_page_size: usize,
 }
 
 /// A client request with the user properties that matter to the store.

@@ -97,6 +97,15 @@ impl StateMachine {
         &self.config
     }
 
+    /// The limits currently applied.
+    pub fn limits(&self) -> crate::Limits {
+        crate::Limits {
+            max_keys: self.config.max_keys,
+            max_bytes: self.config.max_bytes,
+            scan_page_size: self.config.scan_page_size,
+        }
+    }
+
     /// The server clock; its last value is the highest version issued.
     pub fn clock(&self) -> &HlcClock {
         &self.clock
@@ -139,6 +148,12 @@ impl StateMachine {
         self.dedup.prune(now);
         match &entry.op {
             Op::ExpireDue => self.apply_expire_due(now),
+            Op::SetLimits(limits) => {
+                self.config.max_keys = limits.max_keys;
+                self.config.max_bytes = limits.max_bytes;
+                self.config.scan_page_size = limits.scan_page_size;
+                Applied::reply(Response::Ok, None)
+            }
             Op::Request(request) => {
                 let dedup = request
                     .dedup
@@ -390,6 +405,23 @@ mod tests {
         assert_eq!(m.apply(&e), Applied::error(ErrorKind::TimestampSkew));
         assert!(m.is_empty());
         assert_eq!(m.clock().current(), Hlc::new(0, 0, "srv"));
+    }
+
+    #[test]
+    fn limits_change_through_the_log() {
+        let mut m = StateMachine::new(StoreConfig::new("n"));
+        let limits = crate::Limits {
+            max_keys: Some(1),
+            max_bytes: None,
+            scan_page_size: 5,
+        };
+        let applied = m.apply(&Entry {
+            now_ms: 1,
+            op: Op::SetLimits(limits.clone()),
+        });
+        assert_eq!(applied.response, Response::Ok);
+        assert_eq!(m.limits(), limits);
+        assert_eq!(m.config().node_id, "n");
     }
 
     #[test]

@@ -123,3 +123,39 @@ async fn a_data_directory_in_use_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("in use"), "clear message: {err}");
 }
+
+#[tokio::test]
+async fn changed_limits_take_effect_after_restart_and_keep_stored_data() {
+    use common::store::Client;
+    let dir = temp_dir("limits");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--max-keys", "1"]);
+    let mut c = Client::connect("limits", server.port).await;
+    assert_eq!(&c.call(&[b"SET", b"a", b"1"]).await.payload[..], b"+OK\r\n");
+    let refused = c.call(&[b"SET", b"b", b"2"]).await;
+    assert_eq!(
+        &refused.payload[..],
+        b"-ERR the quota has been exceeded\r\n"
+    );
+    drop(c);
+    assert!(server.stop().success());
+
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--max-keys", "5"]);
+    let mut c = Client::connect("limits", server.port).await;
+    assert_eq!(&c.call(&[b"SET", b"b", b"2"]).await.payload[..], b"+OK\r\n");
+    drop(c);
+    assert!(server.stop().success());
+
+    // Lowered below what is stored: nothing stored is harmed, new keys are refused.
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--max-keys", "1"]);
+    let mut c = Client::connect("limits", server.port).await;
+    assert_eq!(&c.call(&[b"GET", b"a"]).await.payload[..], b"$1\r\n1\r\n");
+    assert_eq!(&c.call(&[b"GET", b"b"]).await.payload[..], b"$1\r\n2\r\n");
+    let refused = c.call(&[b"SET", b"c", b"3"]).await;
+    assert_eq!(
+        &refused.payload[..],
+        b"-ERR the quota has been exceeded\r\n"
+    );
+    drop(c);
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
