@@ -128,6 +128,19 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let block = readme
+            .split("```toml")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("a toml block in the README");
+        let c: ServerConfig = toml::from_str(block).expect("the README example parses");
+        assert_eq!(c.storage, StorageKind::Disk);
+        assert_eq!(c.broker.users.len(), 1);
+    }
+
+    #[test]
     fn rejects_unknown_keys() {
         assert!(toml::from_str::<ServerConfig>("listn = []").is_err());
     }
