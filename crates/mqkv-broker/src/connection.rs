@@ -284,6 +284,10 @@ async fn read_connect(
     max: usize,
 ) -> Result<Connect, ConnectFailure> {
     loop {
+        if buf.first().is_some_and(|b| b >> 4 != 1) {
+            // Not a CONNECT: no need to wait for the rest of it.
+            return Err(ConnectFailure::NotConnect);
+        }
         // Decode from a view so that a rejected CONNECT stays in `buf` for `peek_level`.
         let mut view = buf.clone();
         let decoded = codec::decode(&mut view, None, max);
@@ -412,7 +416,11 @@ impl Conn {
             let deadline = ka.map(|d| last + d);
             tokio::select! {
                 r = rd.read_buf(&mut buf) => match r {
-                    Ok(0) | Err(_) => break End::Abnormal,
+                    Ok(0) | Err(_) => {
+                        // The peer is gone: nothing more can be written to it.
+                        writer.abort();
+                        return End::Abnormal;
+                    }
                     Ok(_) => last = Instant::now(),
                 },
                 _ = sleep_until_opt(deadline) => {

@@ -11,9 +11,9 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "kebab-case")]
 pub enum StorageKind {
     /// In memory only: everything is gone when the process ends.
-    #[default]
     Memory,
     /// In the data directory: survives restarts and crashes.
+    #[default]
     Disk,
 }
 

@@ -170,6 +170,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
+        // Handlers first: a signal that arrives as soon as the listeners are announced must
+        // already mean "shut down gracefully", not the default "die".
+        let signals = Signals::install()?;
         let server = Server::start(config).await?;
         {
             // One line per listener on standard output, so scripts and tests can find ports.
@@ -182,31 +185,48 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         for addr in &server.listeners {
             tracing::info!(%addr, "listening");
         }
-        wait_for_signal().await;
+        signals.wait().await;
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
     })
 }
 
-async fn wait_for_signal() {
+/// SIGINT and SIGTERM, installed before the server starts.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Signals {})
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    async fn wait(mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.term.recv() => {}
+                _ = self.int.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

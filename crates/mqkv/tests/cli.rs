@@ -25,7 +25,7 @@ impl Server {
 
     fn start_on(addr: &str) -> Option<Server> {
         let mut child = Command::new(MQKV)
-            .args(["serve", "--listen", addr])
+            .args(["serve", "--listen", addr, "--storage", "memory"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

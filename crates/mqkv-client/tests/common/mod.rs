@@ -43,7 +43,7 @@ impl Server {
     /// `mqkv serve --listen <addr>`; waits for the `listening on` line.
     pub fn start_on(addr: &str) -> Server {
         let mut child = Command::new(mqkv_bin())
-            .args(["serve", "--listen", addr])
+            .args(["serve", "--listen", addr, "--storage", "memory"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -1,0 +1,547 @@
+//! `mqkv-bench`: load from a separate process over loopback against mqkv, side by side with
+//! Mosquitto (pub/sub) and Redis (SET/GET), with throughput, latency percentiles, a JSON record,
+//! a Markdown table and a PNG chart of throughput versus concurrency.
+
+mod chart;
+mod mqtt;
+mod report;
+mod servers;
+mod store;
+mod workloads;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use mqkv_broker::codec::QoS;
+use serde_json::json;
+
+use report::RunResult;
+use servers::{Binaries, Server, Target};
+use workloads::{KvMode, Settings};
+
+const ALL_WORKLOADS: [&str; 10] = [
+    "set",
+    "get",
+    "mix",
+    "notify",
+    "fanin",
+    "fanout",
+    "rate",
+    "storm",
+    "mem-conns",
+    "mem-keys",
+];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mqkv-bench",
+    about = "Benchmarks mqkv against Mosquitto and Redis on this machine",
+    after_help = "Workloads: set, get, mix (state store, with Redis as anchor); notify (key \
+                  notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
+                  Mosquitto); rate (QoS 1 latency at a fixed rate); storm (connects per \
+                  second); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
+)]
+struct Args {
+    /// Every workload at tiny sizes and durations, to check that the harness works.
+    #[arg(long)]
+    smoke: bool,
+    /// Directory for results.json, results.md and throughput.png.
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+    /// Measured seconds per configuration [default: 2; smoke 0.3].
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Warm-up seconds before each measured window [default: 0.5; smoke 0.1].
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Concurrent clients, comma separated [default: 1,16,64,256; smoke 1,4].
+    #[arg(long, value_delimiter = ',')]
+    clients: Option<Vec<usize>>,
+    /// State store value sizes, comma separated; accepts 16, 1k, 64KiB [default: 16,1k,64k;
+    /// smoke 16,1k].
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    value_sizes: Option<Vec<usize>>,
+    /// Workloads to run, comma separated, or `all`.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Option<Vec<String>>,
+    /// Client counts for durable (`--storage disk`) SET [default: 1,16,64; smoke 1,4].
+    #[arg(long, value_delimiter = ',')]
+    disk_clients: Option<Vec<usize>>,
+    /// Concurrent clients for the connection storm [default: 1,16,64; smoke 1,4].
+    #[arg(long, value_delimiter = ',')]
+    storm_clients: Option<Vec<usize>>,
+    /// Seconds of the fixed-rate QoS 1 latency run [default: 10; smoke 1].
+    #[arg(long)]
+    rate_duration: Option<f64>,
+    /// Messages per second of the fixed-rate run.
+    #[arg(long, default_value_t = 1000)]
+    rate: u64,
+    /// Idle connections for the memory workload [default: 10000; smoke 200].
+    #[arg(long)]
+    idle_connections: Option<usize>,
+    /// Stored keys (100 B values) for the memory workload [default: 1000000; smoke 5000].
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Pub/sub payload bytes (at least 20).
+    #[arg(long, default_value_t = 64)]
+    pubsub_payload: usize,
+    /// The mqkv binary [default: $MQKV_BIN, else `mqkv` beside this program, else PATH].
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Run mqkv only, without Mosquitto and Redis.
+    #[arg(long)]
+    no_anchors: bool,
+    /// Do not install missing anchors with apt-get.
+    #[arg(long)]
+    no_install: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mult) = if let Some(n) = t.strip_suffix('k') {
+        (n, 1024)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 1024 * 1024)
+    } else {
+        (t, 1)
+    };
+    num.trim()
+        .parse::<usize>()
+        .map(|n| n * mult)
+        .map_err(|_| format!("not a size: {s}"))
+}
+
+/// Everything resolved from the arguments.
+struct Plan {
+    settings: Settings,
+    clients: Vec<usize>,
+    value_sizes: Vec<usize>,
+    disk_clients: Vec<usize>,
+    storm_clients: Vec<usize>,
+    workloads: Vec<String>,
+}
+
+fn plan(a: &Args) -> Result<Plan> {
+    let smoke = a.smoke;
+    let pick =
+        |v: Option<f64>, full: f64, small: f64| v.unwrap_or(if smoke { small } else { full });
+    let list = |v: &Option<Vec<usize>>, full: &[usize], small: &[usize]| {
+        v.clone()
+            .unwrap_or_else(|| if smoke { small.to_vec() } else { full.to_vec() })
+    };
+    let workloads = match &a.workloads {
+        None => ALL_WORKLOADS.iter().map(|s| s.to_string()).collect(),
+        Some(w) if w.iter().any(|x| x == "all") => {
+            ALL_WORKLOADS.iter().map(|s| s.to_string()).collect()
+        }
+        Some(w) => {
+            for x in w {
+                if !ALL_WORKLOADS.contains(&x.as_str()) {
+                    bail!(
+                        "unknown workload {x:?} (known: {})",
+                        ALL_WORKLOADS.join(", ")
+                    );
+                }
+            }
+            w.clone()
+        }
+    };
+    let secs = |v: f64| Duration::from_secs_f64(v.max(0.0));
+    let clients = list(&a.clients, &[1, 16, 64, 256], &[1, 4]);
+    if clients.iter().any(|c| *c == 0) {
+        bail!("--clients must be positive");
+    }
+    let value_sizes = a.value_sizes.clone().unwrap_or_else(|| {
+        if smoke {
+            vec![16, 1024]
+        } else {
+            vec![16, 1024, 65536]
+        }
+    });
+    if value_sizes.iter().any(|v| *v < 16) {
+        bail!("--value-sizes must be at least 16 bytes");
+    }
+    Ok(Plan {
+        settings: Settings {
+            duration: secs(pick(a.duration, 2.0, 0.3)),
+            warmup: secs(pick(a.warmup, 0.5, 0.1)),
+            rate_duration: secs(pick(a.rate_duration, 10.0, 1.0)),
+            rate: a.rate.max(1),
+            pubsub_payload: a.pubsub_payload.max(20),
+            idle_connections: a
+                .idle_connections
+                .unwrap_or(if smoke { 200 } else { 10_000 }),
+            stored_keys: a.keys.unwrap_or(if smoke { 5_000 } else { 1_000_000 }),
+            keys_per_client: 16,
+        },
+        clients,
+        value_sizes,
+        disk_clients: list(&a.disk_clients, &[1, 16, 64], &[1, 4]),
+        storm_clients: list(&a.storm_clients, &[1, 16, 64], &[1, 4]),
+        workloads,
+    })
+}
+
+/// One configuration to measure.
+#[derive(Debug, Clone)]
+enum Job {
+    Kv(KvMode, usize, usize),
+    Notify(usize),
+    PubSub(bool, QoS, usize),
+    Rate,
+    Storm(usize),
+    MemConns,
+    MemKeys,
+}
+
+fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
+    let mut out = Vec::new();
+    let has = |t: Target| bins.available(t);
+    for w in &p.workloads {
+        match w.as_str() {
+            "set" | "get" | "mix" => {
+                let mode = match w.as_str() {
+                    "set" => KvMode::Set,
+                    "get" => KvMode::Get,
+                    _ => KvMode::Mix,
+                };
+                for &size in &p.value_sizes {
+                    for &c in &p.clients {
+                        out.push((Target::Mqkv, Job::Kv(mode, c, size)));
+                        if mode == KvMode::Set && p.disk_clients.contains(&c) {
+                            out.push((Target::MqkvDisk, Job::Kv(mode, c, size)));
+                        }
+                        if has(Target::Redis) {
+                            out.push((Target::Redis, Job::Kv(mode, c, size)));
+                            if mode == KvMode::Set && p.disk_clients.contains(&c) {
+                                out.push((Target::RedisAof, Job::Kv(mode, c, size)));
+                            }
+                        }
+                    }
+                    // Durable SET at client counts not in --clients.
+                    if mode == KvMode::Set {
+                        for &c in p.disk_clients.iter().filter(|c| !p.clients.contains(c)) {
+                            out.push((Target::Mqkv, Job::Kv(mode, c, size)));
+                            out.push((Target::MqkvDisk, Job::Kv(mode, c, size)));
+                            if has(Target::RedisAof) {
+                                out.push((Target::RedisAof, Job::Kv(mode, c, size)));
+                            }
+                        }
+                    }
+                }
+            }
+            "notify" => {
+                for &c in &p.clients {
+                    out.push((Target::Mqkv, Job::Notify(c)));
+                }
+            }
+            "fanin" | "fanout" => {
+                for qos in [QoS::AtMostOnce, QoS::AtLeastOnce] {
+                    for &c in &p.clients {
+                        for t in [Target::Mqkv, Target::Mosquitto] {
+                            if has(t) {
+                                out.push((t, Job::PubSub(w == "fanin", qos, c)));
+                            }
+                        }
+                    }
+                }
+            }
+            "rate" => {
+                for t in [Target::Mqkv, Target::Mosquitto] {
+                    if has(t) {
+                        out.push((t, Job::Rate));
+                    }
+                }
+            }
+            "storm" => {
+                for &c in &p.storm_clients {
+                    for t in [Target::Mqkv, Target::Mosquitto] {
+                        if has(t) {
+                            out.push((t, Job::Storm(c)));
+                        }
+                    }
+                }
+            }
+            "mem-conns" => {
+                for t in [Target::Mqkv, Target::Mosquitto] {
+                    if has(t) {
+                        out.push((t, Job::MemConns));
+                    }
+                }
+            }
+            "mem-keys" => {
+                for t in [Target::Mqkv, Target::Redis] {
+                    if has(t) {
+                        out.push((t, Job::MemKeys));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn workload_name(job: &Job) -> &'static str {
+    match job {
+        Job::Kv(m, ..) => m.name(),
+        Job::Notify(_) => "notify",
+        Job::PubSub(true, ..) => "pubsub-fanin",
+        Job::PubSub(false, ..) => "pubsub-fanout",
+        Job::Rate => "pubsub-rate",
+        Job::Storm(_) => "conn-storm",
+        Job::MemConns => "mem-idle-conns",
+        Job::MemKeys => "mem-keys",
+    }
+}
+
+fn job_clients(job: &Job, s: &Settings) -> usize {
+    match job {
+        Job::Kv(_, c, _) | Job::Notify(c) | Job::PubSub(_, _, c) | Job::Storm(c) => *c,
+        Job::Rate => 1,
+        Job::MemConns => s.idle_connections,
+        Job::MemKeys => 64,
+    }
+}
+
+fn run_job(
+    rt: &tokio::runtime::Runtime,
+    target: Target,
+    job: &Job,
+    bins: &Binaries,
+    scratch: &Path,
+    s: &Settings,
+) -> RunResult {
+    let server = match Server::start(target, bins, scratch) {
+        Ok(server) => server,
+        Err(e) => {
+            let mut r = RunResult::new(workload_name(job), target, job_clients(job, s));
+            r.failed = Some(format!("server start: {e:#}"));
+            return r;
+        }
+    };
+    let result = rt.block_on(async {
+        match job {
+            Job::Kv(mode, c, size) => workloads::kv(*mode, &server, *c, *size, s).await,
+            Job::Notify(c) => workloads::notify(&server, *c, s).await,
+            Job::PubSub(fanin, qos, c) => workloads::pubsub(*fanin, *qos, &server, *c, s).await,
+            Job::Rate => workloads::rate(&server, s).await,
+            Job::Storm(c) => workloads::storm(&server, *c, s).await,
+            Job::MemConns => workloads::mem_idle(&server, s.idle_connections).await,
+            Job::MemKeys => workloads::mem_keys(&server, s.stored_keys).await,
+        }
+    });
+    drop(server);
+    result
+}
+
+fn progress(i: usize, n: usize, r: &RunResult) -> String {
+    let mut line = format!(
+        "[{i}/{n}] {} {} c={}",
+        r.workload,
+        r.target.name(),
+        r.clients
+    );
+    if let Some(v) = r.value_size {
+        line.push_str(&format!(" {}", report::fmt_size(v)));
+    }
+    if let Some(q) = r.qos {
+        line.push_str(&format!(" qos{q}"));
+    }
+    if let Some(f) = &r.failed {
+        line.push_str(&format!(": FAILED {f}"));
+        return line;
+    }
+    match r.workload.as_str() {
+        "mem-idle-conns" => line.push_str(&format!(
+            ": {:.0} B/connection",
+            r.extra_f64("bytes_per_connection").unwrap_or(f64::NAN)
+        )),
+        "mem-keys" => line.push_str(&format!(
+            ": {:.0} B/key overhead",
+            r.extra_f64("overhead_bytes_per_key").unwrap_or(f64::NAN)
+        )),
+        _ => {
+            line.push_str(&format!(": {:.0} {}", r.throughput, r.unit));
+            if let Some(l) = &r.latency_us {
+                line.push_str(&format!(" p50 {:.0}µs p99 {:.0}µs", l.p50, l.p99));
+            }
+        }
+    }
+    if r.errors > 0 {
+        line.push_str(&format!(" ({} errors)", r.errors));
+    }
+    line
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn machine() -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+    });
+    let mem_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+    });
+    json!({
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu_model": cpu,
+        "mem_total_bytes": mem_kib.map(|k| k * 1024),
+        "kernel": read_trimmed("/proc/sys/kernel/osrelease"),
+    })
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(args) {
+        eprintln!("mqkv-bench: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let plan = plan(&args)?;
+    let started = Instant::now();
+    let load_before = read_trimmed("/proc/loadavg");
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let mqkv = servers::find_mqkv(args.server_bin.as_deref())?;
+    if !mqkv.is_file() {
+        bail!("mqkv server binary {} does not exist", mqkv.display());
+    }
+    let (mosquitto, redis, notes) = if args.no_anchors {
+        (
+            None,
+            None,
+            vec!["--no-anchors: Mosquitto and Redis not run".to_owned()],
+        )
+    } else {
+        servers::ensure_anchors(!args.no_install, &args.out.join("apt.log"))
+    };
+    for n in &notes {
+        eprintln!("note: {n}");
+    }
+    let bins = Binaries {
+        mqkv,
+        mosquitto,
+        redis,
+    };
+    let versions = json!({
+        "mqkv": servers::version_of(&bins.mqkv, "--version"),
+        "mosquitto": bins.mosquitto.as_ref().and_then(|b| servers::version_of(b, "-h")),
+        "redis": bins.redis.as_ref().and_then(|b| servers::version_of(b, "--version")),
+    });
+    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let todo = jobs(&plan, &bins);
+    eprintln!(
+        "mqkv-bench: {} configurations, {:.1} s each (+{:.1} s warm-up); server {}",
+        todo.len(),
+        plan.settings.duration.as_secs_f64(),
+        plan.settings.warmup.as_secs_f64(),
+        bins.mqkv.display()
+    );
+    let mut results = Vec::with_capacity(todo.len());
+    for (i, (target, job)) in todo.iter().enumerate() {
+        let r = run_job(&rt, *target, job, &bins, &scratch, &plan.settings);
+        eprintln!("{}", progress(i + 1, todo.len(), &r));
+        results.push(r);
+    }
+    rt.shutdown_timeout(Duration::from_secs(2));
+    let _ = std::fs::remove_dir_all(&scratch);
+
+    let ratios = report::ratios(&results);
+    let checks = report::target_checks(&results);
+    let load_after = read_trimmed("/proc/loadavg");
+    let s = &plan.settings;
+    let doc = json!({
+        "meta": {
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "smoke": args.smoke,
+            "started_unix": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+                .saturating_sub(started.elapsed().as_secs()),
+            "wall_seconds": started.elapsed().as_secs_f64(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
+            "machine": machine(),
+            "versions": versions,
+            "anchor_notes": notes,
+            "mosquitto_config": servers::mosquitto_config(0).replace("listener 0 ", "listener PORT "),
+            "redis_options": {
+                "redis": servers::redis_options(Target::Redis).join(" "),
+                "redis-aof": servers::redis_options(Target::RedisAof).join(" "),
+            },
+            "settings": {
+                "duration_s": s.duration.as_secs_f64(),
+                "warmup_s": s.warmup.as_secs_f64(),
+                "clients": plan.clients,
+                "value_sizes": plan.value_sizes,
+                "disk_clients": plan.disk_clients,
+                "storm_clients": plan.storm_clients,
+                "workloads": plan.workloads,
+                "rate": s.rate,
+                "rate_duration_s": s.rate_duration.as_secs_f64(),
+                "pubsub_payload": s.pubsub_payload,
+                "idle_connections": s.idle_connections,
+                "stored_keys": s.stored_keys,
+                "keys_per_client": s.keys_per_client,
+            },
+        },
+        "results": results,
+        "ratios": ratios,
+        "targets": checks,
+    });
+    let json_path = args.out.join("results.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", json_path.display()))?;
+
+    let table = report::table(&results, &ratios);
+    let targets = report::targets_table(&checks);
+    let mut md = String::new();
+    md.push_str(&format!(
+        "Command: `{}`\n\nLoad average before: {}; after: {}\n\n",
+        std::env::args().collect::<Vec<_>>().join(" "),
+        load_before.as_deref().unwrap_or("?"),
+        load_after.as_deref().unwrap_or("?")
+    ));
+    md.push_str(&table);
+    md.push('\n');
+    md.push_str(&targets);
+    for n in &notes {
+        md.push_str(&format!("\nNote: {n}\n"));
+    }
+    std::fs::write(args.out.join("results.md"), &md)?;
+    let png = args.out.join("throughput.png");
+    if let Err(e) = chart::throughput_chart(&results, &png) {
+        eprintln!("chart: {e:#}");
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{table}")?;
+    writeln!(out, "{targets}")?;
+    writeln!(
+        out,
+        "wrote {}, {} and {} ({:.0} s)",
+        json_path.display(),
+        args.out.join("results.md").display(),
+        png.display(),
+        started.elapsed().as_secs_f64()
+    )?;
+    Ok(())
+}

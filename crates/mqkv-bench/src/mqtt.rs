@@ -1,0 +1,451 @@
+//! A lean MQTT 5 client for load generation.
+//!
+//! Packets going out are encoded once with `mqkv_broker::codec` and then patched in place
+//! (packet identifier, correlation data, timestamps, key digits), so the hot path is a copy and a
+//! `write_all`. Packets coming in are framed and read here without allocating: a PUBLISH is
+//! only split into byte ranges, and properties are scanned for the two a benchmark needs
+//! (correlation data and the `__stat` user property).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::{Buf, Bytes, BytesMut};
+use mqkv_broker::codec::{
+    Connect, Packet, Properties, Publish, QoS, Subscribe, SubscriptionOptions, V5,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Fixed header type nibbles of the packets a client receives.
+pub const CONNACK: u8 = 2;
+pub const PUBLISH: u8 = 3;
+pub const PUBACK: u8 = 4;
+pub const SUBACK: u8 = 9;
+pub const DISCONNECT: u8 = 14;
+
+const READ_CHUNK: usize = 64 * 1024;
+
+/// One frame read from the socket: the fixed header byte and the body after the remaining
+/// length.
+pub struct Frame {
+    pub header: u8,
+    pub body: Bytes,
+}
+
+impl Frame {
+    pub fn kind(&self) -> u8 {
+        self.header >> 4
+    }
+}
+
+/// The parts of a received PUBLISH a benchmark looks at.
+pub struct PublishView {
+    pub qos: u8,
+    pub packet_id: u16,
+    pub topic: Bytes,
+    pub properties: Bytes,
+    pub payload: Bytes,
+}
+
+/// What a property scan found.
+#[derive(Default)]
+pub struct ScannedProps {
+    pub correlation: Option<Bytes>,
+    pub status_ok: bool,
+}
+
+fn read_varint(buf: &mut Bytes) -> Result<usize> {
+    let mut value = 0usize;
+    for i in 0..4 {
+        if !buf.has_remaining() {
+            bail!("truncated variable byte integer");
+        }
+        let b = buf.get_u8();
+        value |= usize::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(value);
+        }
+    }
+    bail!("variable byte integer longer than 4 bytes")
+}
+
+fn take(buf: &mut Bytes, n: usize) -> Result<Bytes> {
+    if buf.remaining() < n {
+        bail!("truncated packet");
+    }
+    Ok(buf.split_to(n))
+}
+
+fn take_u16(buf: &mut Bytes) -> Result<u16> {
+    if buf.remaining() < 2 {
+        bail!("truncated packet");
+    }
+    Ok(buf.get_u16())
+}
+
+fn take_bin(buf: &mut Bytes) -> Result<Bytes> {
+    let n = take_u16(buf)? as usize;
+    take(buf, n)
+}
+
+impl PublishView {
+    pub fn parse(frame: Frame) -> Result<PublishView> {
+        let qos = (frame.header >> 1) & 0x03;
+        let mut body = frame.body;
+        let topic = take_bin(&mut body)?;
+        let packet_id = if qos > 0 { take_u16(&mut body)? } else { 0 };
+        let props_len = read_varint(&mut body)?;
+        let properties = take(&mut body, props_len)?;
+        Ok(PublishView {
+            qos,
+            packet_id,
+            topic,
+            properties,
+            payload: body,
+        })
+    }
+
+    /// Scans the property block for correlation data and `__stat=200`.
+    pub fn scan(&self) -> Result<ScannedProps> {
+        let mut p = self.properties.clone();
+        let mut out = ScannedProps::default();
+        while p.has_remaining() {
+            let id = p.get_u8();
+            match id {
+                0x01 => {
+                    take(&mut p, 1)?;
+                }
+                0x02 => {
+                    take(&mut p, 4)?;
+                }
+                0x23 => {
+                    take(&mut p, 2)?;
+                }
+                0x03 | 0x08 => {
+                    take_bin(&mut p)?;
+                }
+                0x09 => out.correlation = Some(take_bin(&mut p)?),
+                0x0B => {
+                    read_varint(&mut p)?;
+                }
+                0x26 => {
+                    let name = take_bin(&mut p)?;
+                    let value = take_bin(&mut p)?;
+                    if &name[..] == b"__stat" && &value[..] == b"200" {
+                        out.status_ok = true;
+                    }
+                }
+                other => bail!("unexpected PUBLISH property 0x{other:02x}"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Appends a PUBACK for `packet_id` (success, no properties: four bytes).
+pub fn put_puback(out: &mut BytesMut, packet_id: u16) {
+    out.extend_from_slice(&[0x40, 2]);
+    out.extend_from_slice(&packet_id.to_be_bytes());
+}
+
+/// A packet encoded once, with the packet identifier position known so it can be patched.
+#[derive(Clone)]
+pub struct PublishTemplate {
+    pub bytes: Vec<u8>,
+    pid_offset: Option<usize>,
+}
+
+impl PublishTemplate {
+    pub fn new(publish: &Publish) -> PublishTemplate {
+        let mut out = BytesMut::new();
+        Packet::Publish(publish.clone()).encode(&mut out, V5);
+        let pid_offset = if publish.qos == QoS::AtMostOnce {
+            None
+        } else {
+            // Fixed header byte, remaining length, topic length and topic.
+            let mut remaining_len_bytes = 1;
+            while out[remaining_len_bytes] & 0x80 != 0 {
+                remaining_len_bytes += 1;
+            }
+            Some(1 + remaining_len_bytes + 2 + publish.topic.len())
+        };
+        PublishTemplate {
+            bytes: out.to_vec(),
+            pid_offset,
+        }
+    }
+
+    pub fn set_packet_id(&mut self, id: u16) {
+        if let Some(off) = self.pid_offset {
+            self.bytes[off..off + 2].copy_from_slice(&id.to_be_bytes());
+        }
+    }
+
+    /// Offset of the first occurrence of `marker` in the encoded packet.
+    pub fn find(&self, marker: &[u8]) -> Option<usize> {
+        self.bytes.windows(marker.len()).position(|w| w == marker)
+    }
+}
+
+/// Writes `value` as exactly `out.len()` decimal digits (wrapping on overflow).
+pub fn put_digits(out: &mut [u8], mut value: u64) {
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+/// Packet identifiers 1..=65535, in turn.
+pub struct PacketIds(u16);
+
+impl PacketIds {
+    pub fn new() -> PacketIds {
+        PacketIds(0)
+    }
+
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u16 {
+        self.0 = self.0.wrapping_add(1);
+        if self.0 == 0 {
+            self.0 = 1;
+        }
+        self.0
+    }
+}
+
+/// One MQTT 5 connection.
+pub struct Conn {
+    pub stream: TcpStream,
+    pub rbuf: BytesMut,
+    /// Acknowledgements waiting to go out with the next write.
+    pub wbuf: BytesMut,
+    pub ids: PacketIds,
+}
+
+impl Conn {
+    /// TCP connect, CONNECT (clean start, no keep alive, receive maximum 65535), CONNACK.
+    pub async fn connect(addr: SocketAddr, client_id: &str) -> Result<Conn> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        let mut conn = Conn {
+            stream,
+            rbuf: BytesMut::with_capacity(READ_CHUNK),
+            wbuf: BytesMut::with_capacity(256),
+            ids: PacketIds::new(),
+        };
+        conn.handshake(client_id).await?;
+        Ok(conn)
+    }
+
+    pub async fn handshake(&mut self, client_id: &str) -> Result<()> {
+        let mut out = BytesMut::new();
+        connect_packet(client_id).encode(&mut out, V5);
+        self.stream.write_all(&out).await?;
+        let frame = self.read_frame().await?;
+        check_connack(&frame)
+    }
+
+    pub async fn subscribe(&mut self, filter: &str, qos: QoS) -> Result<()> {
+        let id = self.ids.next();
+        let mut out = BytesMut::new();
+        Packet::Subscribe(Subscribe {
+            packet_id: id,
+            properties: Properties::default(),
+            filters: vec![(
+                filter.to_owned(),
+                SubscriptionOptions {
+                    qos,
+                    ..SubscriptionOptions::default()
+                },
+            )],
+        })
+        .encode(&mut out, V5);
+        self.stream.write_all(&out).await?;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.kind() {
+                SUBACK => return check_suback(frame),
+                DISCONNECT => bail!("server disconnected while subscribing"),
+                _ => {}
+            }
+        }
+    }
+
+    /// Reads until one whole frame is buffered and returns it.
+    pub async fn read_frame(&mut self) -> Result<Frame> {
+        loop {
+            if let Some(frame) = split_frame(&mut self.rbuf)? {
+                return Ok(frame);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Returns a buffered frame, if a whole one is there, without reading.
+    pub fn try_frame(&mut self) -> Result<Option<Frame>> {
+        split_frame(&mut self.rbuf)
+    }
+
+    pub async fn fill(&mut self) -> Result<()> {
+        if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+            self.rbuf.reserve(READ_CHUNK);
+        }
+        let n = self.stream.read_buf(&mut self.rbuf).await?;
+        if n == 0 {
+            bail!("connection closed by the server");
+        }
+        Ok(())
+    }
+
+    /// Writes pending acknowledgements followed by `packet`, in one write.
+    pub async fn send(&mut self, packet: &[u8]) -> Result<()> {
+        if self.wbuf.is_empty() {
+            self.stream.write_all(packet).await?;
+        } else {
+            self.wbuf.extend_from_slice(packet);
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+
+    pub async fn flush_acks(&mut self) -> Result<()> {
+        if !self.wbuf.is_empty() {
+            self.stream.write_all(&self.wbuf).await?;
+            self.wbuf.clear();
+        }
+        Ok(())
+    }
+}
+
+pub fn connect_packet(client_id: &str) -> Packet {
+    Packet::Connect(Box::new(Connect {
+        protocol_level: V5,
+        clean_start: true,
+        keep_alive: 0,
+        client_id: client_id.to_owned(),
+        username: None,
+        password: None,
+        will: None,
+        properties: Properties {
+            receive_maximum: Some(u16::MAX),
+            ..Properties::default()
+        },
+    }))
+}
+
+pub fn check_connack(frame: &Frame) -> Result<()> {
+    if frame.kind() != CONNACK {
+        bail!("expected CONNACK, got packet type {}", frame.kind());
+    }
+    match frame.body.get(1) {
+        Some(0) => Ok(()),
+        Some(code) => bail!("connection refused with reason 0x{code:02x}"),
+        None => bail!("truncated CONNACK"),
+    }
+}
+
+fn check_suback(frame: Frame) -> Result<()> {
+    let mut body = frame.body;
+    take_u16(&mut body)?;
+    let n = read_varint(&mut body)?;
+    take(&mut body, n)?;
+    match body.first() {
+        Some(code) if *code < 0x80 => Ok(()),
+        Some(code) => bail!("subscription refused with reason 0x{code:02x}"),
+        None => bail!("SUBACK without reason codes"),
+    }
+}
+
+/// Splits one whole frame off the front of `buf`, if one is buffered.
+pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
+    if buf.len() < 2 {
+        return Ok(None);
+    }
+    let mut remaining = 0usize;
+    let mut header_len = 0;
+    for i in 0..4 {
+        let Some(&b) = buf.get(1 + i) else {
+            return Ok(None);
+        };
+        remaining |= usize::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            header_len = 2 + i;
+            break;
+        }
+    }
+    if header_len == 0 {
+        return Err(anyhow!("remaining length longer than 4 bytes"));
+    }
+    if buf.len() < header_len + remaining {
+        buf.reserve(header_len + remaining - buf.len());
+        return Ok(None);
+    }
+    let header = buf[0];
+    buf.advance(header_len);
+    let body = buf.split_to(remaining).freeze();
+    Ok(Some(Frame { header, body }))
+}
+
+/// Runs `fut` with a time limit, as an error when it is exceeded.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r,
+        Err(_) => bail!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// A QoS 1/0 PUBLISH with no properties.
+pub fn plain_publish(topic: &str, qos: QoS, payload: Bytes) -> Publish {
+    Publish {
+        dup: false,
+        qos,
+        retain: false,
+        topic: topic.to_owned(),
+        packet_id: if qos == QoS::AtMostOnce { 0 } else { 1 },
+        properties: Properties::default(),
+        payload,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_and_publish_views_parse() {
+        let mut publish = plain_publish("a/b", QoS::AtLeastOnce, Bytes::from_static(b"hi"));
+        publish.properties.correlation_data = Some(Bytes::from_static(b"0123456789abcdef"));
+        publish.properties.user_properties = vec![("__stat".into(), "200".into())];
+        let mut template = PublishTemplate::new(&publish);
+        template.set_packet_id(0x1234);
+        let mut buf = BytesMut::from(&template.bytes[..]);
+        buf.extend_from_slice(&[0x40, 2, 0x12, 0x34]);
+        let frame = split_frame(&mut buf).expect("valid").expect("whole");
+        assert_eq!(frame.kind(), PUBLISH);
+        let view = PublishView::parse(frame).expect("parses");
+        assert_eq!(view.packet_id, 0x1234);
+        assert_eq!(&view.topic[..], b"a/b");
+        assert_eq!(&view.payload[..], b"hi");
+        let props = view.scan().expect("scans");
+        assert!(props.status_ok);
+        assert_eq!(props.correlation.as_deref(), Some(&b"0123456789abcdef"[..]));
+        let ack = split_frame(&mut buf).expect("valid").expect("whole");
+        assert_eq!(ack.kind(), PUBACK);
+        assert!(split_frame(&mut buf).expect("valid").is_none());
+    }
+
+    #[test]
+    fn digits_are_fixed_width() {
+        let mut d = [0u8; 5];
+        put_digits(&mut d, 42);
+        assert_eq!(&d, b"00042");
+    }
+}

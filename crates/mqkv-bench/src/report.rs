@@ -1,0 +1,451 @@
+//! Results: one record per (workload, target, parameters), ratios against the anchors, the
+//! issue's targets, and the human table.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::servers::Target;
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub samples: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Latency {
+    /// From a histogram of nanoseconds.
+    pub fn from_ns(h: &Histogram<u64>) -> Option<Latency> {
+        if h.is_empty() {
+            return None;
+        }
+        let us = |v: u64| v as f64 / 1000.0;
+        Some(Latency {
+            samples: h.len(),
+            mean: h.mean() / 1000.0,
+            p50: us(h.value_at_quantile(0.50)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+        })
+    }
+}
+
+pub fn new_histogram() -> Histogram<u64> {
+    // 1 µs to 100 s, three significant digits; values are nanoseconds.
+    Histogram::new_with_bounds(1_000, 100_000_000_000, 3).expect("constant histogram bounds")
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    pub workload: String,
+    pub target: Target,
+    /// Concurrent clients: publishers for fan-in, subscribers for fan-out, observers for
+    /// notification fan-out, connections for the memory workloads.
+    pub clients: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos: Option<u8>,
+    pub duration_s: f64,
+    pub ops: u64,
+    /// Operations per second, in `unit`.
+    pub throughput: f64,
+    pub unit: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<Latency>,
+    /// Workload-specific numbers (memory figures, second histograms, deliveries).
+    pub extra: BTreeMap<String, serde_json::Value>,
+    /// Operations that completed with an unexpected answer, or were lost.
+    pub errors: u64,
+    /// CPU used during the measurement window, as a fraction of one core.
+    pub server_cpu: f64,
+    pub bench_cpu: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+}
+
+impl RunResult {
+    pub fn new(workload: &str, target: Target, clients: usize) -> RunResult {
+        RunResult {
+            workload: workload.to_owned(),
+            target,
+            clients,
+            value_size: None,
+            qos: None,
+            duration_s: 0.0,
+            ops: 0,
+            throughput: 0.0,
+            unit: "ops/s".to_owned(),
+            latency_us: None,
+            extra: BTreeMap::new(),
+            errors: 0,
+            server_cpu: 0.0,
+            bench_cpu: 0.0,
+            failed: None,
+        }
+    }
+
+    pub fn same_config(&self, other: &RunResult) -> bool {
+        self.workload == other.workload
+            && self.clients == other.clients
+            && self.value_size == other.value_size
+            && self.qos == other.qos
+    }
+
+    pub fn extra_f64(&self, name: &str) -> Option<f64> {
+        self.extra.get(name).and_then(|v| v.as_f64())
+    }
+}
+
+/// mqkv against one anchor for one configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub workload: String,
+    pub clients: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_size: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qos: Option<u8>,
+    pub mqkv_target: Target,
+    pub anchor: Target,
+    /// The figure compared: `throughput`, or a memory figure for the memory workloads.
+    pub metric: String,
+    pub mqkv: f64,
+    pub anchor_value: f64,
+    /// mqkv ÷ anchor. For throughput higher is better for mqkv; for memory and latency lower is.
+    pub mqkv_over_anchor: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_mqkv_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_anchor_us: Option<f64>,
+}
+
+/// Which mqkv result each anchor result is compared with.
+fn mqkv_counterpart(anchor: Target) -> Target {
+    match anchor {
+        Target::RedisAof => Target::MqkvDisk,
+        _ => Target::Mqkv,
+    }
+}
+
+fn compared_metric(workload: &str) -> &'static str {
+    match workload {
+        "mem-idle-conns" => "bytes_per_connection",
+        "mem-keys" => "overhead_bytes_per_key",
+        _ => "throughput",
+    }
+}
+
+fn metric_of(r: &RunResult, metric: &str) -> Option<f64> {
+    if metric == "throughput" {
+        Some(r.throughput)
+    } else {
+        r.extra_f64(metric)
+    }
+}
+
+pub fn ratios(results: &[RunResult]) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    for anchor in results
+        .iter()
+        .filter(|r| r.target.is_anchor() && r.failed.is_none())
+    {
+        let want = mqkv_counterpart(anchor.target);
+        let Some(m) = results
+            .iter()
+            .find(|r| r.target == want && r.failed.is_none() && r.same_config(anchor))
+        else {
+            continue;
+        };
+        let metric = compared_metric(&anchor.workload);
+        let (Some(mv), Some(av)) = (metric_of(m, metric), metric_of(anchor, metric)) else {
+            continue;
+        };
+        out.push(Ratio {
+            workload: anchor.workload.clone(),
+            clients: anchor.clients,
+            value_size: anchor.value_size,
+            qos: anchor.qos,
+            mqkv_target: want,
+            anchor: anchor.target,
+            metric: metric.to_owned(),
+            mqkv: mv,
+            anchor_value: av,
+            mqkv_over_anchor: if av != 0.0 { mv / av } else { f64::NAN },
+            p99_mqkv_us: m.latency_us.as_ref().map(|l| l.p99),
+            p99_anchor_us: anchor.latency_us.as_ref().map(|l| l.p99),
+        });
+    }
+    out
+}
+
+/// One of the issue's speed targets, checked against this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetCheck {
+    pub name: String,
+    pub requirement: String,
+    pub mqkv: Option<f64>,
+    pub anchor: Option<f64>,
+    /// None when the run did not measure it.
+    pub met: Option<bool>,
+}
+
+fn find<'a>(
+    results: &'a [RunResult],
+    workload: &str,
+    target: Target,
+    pick: impl Fn(&RunResult) -> bool,
+) -> Option<&'a RunResult> {
+    results
+        .iter()
+        .filter(|r| r.workload == workload && r.target == target && r.failed.is_none())
+        .filter(|r| pick(r))
+        .max_by_key(|r| r.clients)
+}
+
+pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
+    let mut checks = Vec::new();
+    let check = |name: &str,
+                 requirement: &str,
+                 mqkv: Option<f64>,
+                 anchor: Option<f64>,
+                 ok: &dyn Fn(f64, f64) -> bool| TargetCheck {
+        name: name.to_owned(),
+        requirement: requirement.to_owned(),
+        mqkv,
+        anchor,
+        met: match (mqkv, anchor) {
+            (Some(m), Some(a)) => Some(ok(m, a)),
+            _ => None,
+        },
+    };
+    // Pub/sub QoS 1 throughput, fan-in and fan-out at the largest concurrency measured.
+    for wl in ["pubsub-fanin", "pubsub-fanout"] {
+        let m = find(results, wl, Target::Mqkv, |r| r.qos == Some(1));
+        let a = m.and_then(|m| {
+            find(results, wl, Target::Mosquitto, |r| {
+                r.qos == Some(1) && r.clients == m.clients
+            })
+        });
+        checks.push(check(
+            &format!(
+                "{wl} QoS 1 throughput ({} clients)",
+                m.map_or(0, |m| m.clients)
+            ),
+            ">= Mosquitto",
+            m.map(|r| r.throughput),
+            a.map(|r| r.throughput),
+            &|m, a| m >= a,
+        ));
+    }
+    let p99 = |r: &RunResult| r.latency_us.as_ref().map(|l| l.p99);
+    let m = find(results, "pubsub-rate", Target::Mqkv, |_| true);
+    let a = find(results, "pubsub-rate", Target::Mosquitto, |_| true);
+    checks.push(check(
+        "QoS 1 p99 latency at 1,000 msg/s (µs)",
+        "<= Mosquitto",
+        m.and_then(p99),
+        a.and_then(p99),
+        &|m, a| m <= a,
+    ));
+    // State store at 64 clients (or the largest measured below it), 16 B values.
+    let at64 = |r: &RunResult| r.clients <= 64;
+    let small = |r: &RunResult| r.value_size == results_min_size(results);
+    let m = find(results, "get", Target::Mqkv, |r| at64(r) && small(r));
+    let a = m.and_then(|m| {
+        find(results, "get", Target::Redis, |r| {
+            r.clients == m.clients && r.value_size == m.value_size
+        })
+    });
+    checks.push(check(
+        &format!("GET throughput ({} clients)", m.map_or(0, |m| m.clients)),
+        ">= 0.7 x Redis",
+        m.map(|r| r.throughput),
+        a.map(|r| r.throughput),
+        &|m, a| m >= 0.7 * a,
+    ));
+    let m = find(results, "set", Target::MqkvDisk, |r| at64(r) && small(r));
+    let a = m.and_then(|m| {
+        find(results, "set", Target::RedisAof, |r| {
+            r.clients == m.clients && r.value_size == m.value_size
+        })
+    });
+    checks.push(check(
+        &format!(
+            "durable SET throughput ({} clients)",
+            m.map_or(0, |m| m.clients)
+        ),
+        ">= Redis appendfsync always",
+        m.map(|r| r.throughput),
+        a.map(|r| r.throughput),
+        &|m, a| m >= a,
+    ));
+    let m = find(results, "mem-idle-conns", Target::Mqkv, |_| true);
+    let a = find(results, "mem-idle-conns", Target::Mosquitto, |_| true);
+    checks.push(check(
+        "resident memory per idle connection (bytes)",
+        "< 30 KiB",
+        m.and_then(|r| r.extra_f64("bytes_per_connection")),
+        a.and_then(|r| r.extra_f64("bytes_per_connection")),
+        &|m, _| m < 30.0 * 1024.0,
+    ));
+    let m = find(results, "mem-keys", Target::Mqkv, |_| true);
+    let a = find(results, "mem-keys", Target::Redis, |_| true);
+    let mut c = check(
+        "memory overhead per stored key (bytes)",
+        "< 250 B",
+        m.and_then(|r| r.extra_f64("overhead_bytes_per_key")),
+        a.and_then(|r| r.extra_f64("overhead_bytes_per_key")),
+        &|m, _| m < 250.0,
+    );
+    if c.met.is_none() {
+        c.met = c.mqkv.map(|m| m < 250.0);
+    }
+    checks.push(c);
+    if let Some(c) = checks
+        .iter_mut()
+        .find(|c| c.name.starts_with("resident memory"))
+    {
+        if c.met.is_none() {
+            c.met = c.mqkv.map(|m| m < 30.0 * 1024.0);
+        }
+    }
+    checks
+}
+
+fn results_min_size(results: &[RunResult]) -> Option<usize> {
+    results
+        .iter()
+        .filter(|r| r.workload == "get" || r.workload == "set")
+        .filter_map(|r| r.value_size)
+        .min()
+}
+
+fn fmt_num(v: f64) -> String {
+    if !v.is_finite() {
+        return "-".to_owned();
+    }
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{:.2}M", v / 1e6)
+    } else if a >= 1e4 {
+        format!("{:.1}k", v / 1e3)
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+fn fmt_us(v: f64) -> String {
+    if v >= 10_000.0 {
+        format!("{:.1}ms", v / 1000.0)
+    } else if v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+pub fn fmt_size(v: usize) -> String {
+    if v >= 1024 && v % 1024 == 0 {
+        format!("{}KiB", v / 1024)
+    } else {
+        format!("{v}B")
+    }
+}
+
+/// The results as a Markdown table (also readable as plain text).
+pub fn table(results: &[RunResult], ratios: &[Ratio]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "| workload | target | clients | size | qos | throughput | unit | p50 µs | p99 µs | p99.9 µs | max µs | mqkv/anchor | srv cpu | gen cpu | err |"
+    );
+    let _ = writeln!(
+        s,
+        "|---|---|--:|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|"
+    );
+    for r in results {
+        let ratio = ratios
+            .iter()
+            .find(|x| {
+                x.anchor == r.target
+                    && x.workload == r.workload
+                    && x.clients == r.clients
+                    && x.value_size == r.value_size
+                    && x.qos == r.qos
+            })
+            .map(|x| format!("{:.2}", x.mqkv_over_anchor))
+            .unwrap_or_default();
+        let (thr, unit) = match r.workload.as_str() {
+            "mem-idle-conns" => (
+                r.extra_f64("bytes_per_connection").unwrap_or(f64::NAN),
+                "B/conn".to_owned(),
+            ),
+            "mem-keys" => (
+                r.extra_f64("overhead_bytes_per_key").unwrap_or(f64::NAN),
+                "B/key overhead".to_owned(),
+            ),
+            _ => (r.throughput, r.unit.clone()),
+        };
+        let lat = r.latency_us.as_ref();
+        let l = |f: fn(&Latency) -> f64| lat.map(|l| fmt_us(f(l))).unwrap_or_default();
+        let throughput = if r.failed.is_some() {
+            "FAILED".to_owned()
+        } else {
+            fmt_num(thr)
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% | {} |",
+            r.workload,
+            r.target.name(),
+            r.clients,
+            r.value_size.map(fmt_size).unwrap_or_default(),
+            r.qos.map(|q| q.to_string()).unwrap_or_default(),
+            throughput,
+            unit,
+            l(|l| l.p50),
+            l(|l| l.p99),
+            l(|l| l.p999),
+            l(|l| l.max),
+            ratio,
+            r.server_cpu * 100.0,
+            r.bench_cpu * 100.0,
+            r.errors,
+        );
+    }
+    s
+}
+
+pub fn targets_table(checks: &[TargetCheck]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "| issue target | requirement | mqkv | anchor | met |");
+    let _ = writeln!(s, "|---|---|--:|--:|---|");
+    for c in checks {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            c.name,
+            c.requirement,
+            c.mqkv.map(fmt_num).unwrap_or_else(|| "-".into()),
+            c.anchor.map(fmt_num).unwrap_or_else(|| "-".into()),
+            match c.met {
+                Some(true) => "yes",
+                Some(false) => "**no**",
+                None => "not measured",
+            }
+        );
+    }
+    s
+}

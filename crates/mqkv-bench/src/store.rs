@@ -1,0 +1,413 @@
+//! State store requests over the lean MQTT client, and the same SET/GET over RESP2 to Redis.
+//!
+//! Both sides keep exactly one request in flight per connection (no pipelining), and both
+//! patch pre-encoded requests in place: key digits, and for MQTT the packet identifier, the
+//! correlation data and the `__ts` wall clock digits.
+
+use std::net::SocketAddr;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use bytes::{Bytes, BytesMut};
+use mqkv_broker::codec::{Properties, Publish, QoS};
+use mqkv_protocol::Command;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::mqtt::{put_digits, put_puback, Conn, PublishTemplate, PublishView, PUBLISH};
+
+/// Keys are `bench-key-` followed by this many digits.
+pub const KEY_DIGITS: usize = 7;
+const KEY_PREFIX: &[u8] = b"bench-key-";
+const CORR_MARKER: [u8; 16] = *b"\xC0\xC1corr-marker\xC2\xC3\xC4";
+
+pub fn key_len() -> usize {
+    KEY_PREFIX.len() + KEY_DIGITS
+}
+
+pub fn key_bytes(index: u64) -> Vec<u8> {
+    let mut key = KEY_PREFIX.to_vec();
+    key.resize(key_len(), b'0');
+    put_digits(&mut key[KEY_PREFIX.len()..], index);
+    key
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+pub fn response_topic(client_id: &str) -> String {
+    format!(
+        "clients/{client_id}/services/{}/response",
+        mqkv_protocol::REQUEST_TOPIC
+    )
+}
+
+/// A state store request packet with the places that change per request located.
+pub struct StoreRequest {
+    tpl: PublishTemplate,
+    corr: usize,
+    ts: usize,
+    key: usize,
+}
+
+impl StoreRequest {
+    pub fn new(client_id: &str, node_id: &str, command: &Command) -> Result<StoreRequest> {
+        let publish = Publish {
+            dup: false,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            topic: mqkv_protocol::REQUEST_TOPIC.to_owned(),
+            packet_id: 1,
+            properties: Properties {
+                message_expiry_interval: Some(10),
+                content_type: Some("application/octet-stream".to_owned()),
+                response_topic: Some(response_topic(client_id)),
+                correlation_data: Some(Bytes::copy_from_slice(&CORR_MARKER)),
+                user_properties: vec![
+                    ("__srcId".to_owned(), client_id.to_owned()),
+                    ("__ts".to_owned(), format!("{:015}:{:05}:{node_id}", 0, 0)),
+                    ("__protVer".to_owned(), "1.0".to_owned()),
+                ],
+                ..Properties::default()
+            },
+            payload: command.encode(),
+        };
+        let tpl = PublishTemplate::new(&publish);
+        let corr = tpl
+            .find(&CORR_MARKER)
+            .context("correlation data not found")?;
+        // User property: name length, name, value length, value.
+        let ts = tpl.find(b"__ts").context("__ts not found")? + 4 + 2;
+        let mut needle = b"\r\n".to_vec();
+        needle.extend_from_slice(KEY_PREFIX);
+        let key = tpl.find(&needle).context("key not found")? + 2 + KEY_PREFIX.len();
+        Ok(StoreRequest { tpl, corr, ts, key })
+    }
+
+    /// Sets the packet identifier, correlation data, `__ts` and key index.
+    pub fn prepare(&mut self, packet_id: u16, tag: u64, seq: u64, key_index: u64) -> &[u8] {
+        self.tpl.set_packet_id(packet_id);
+        let b = &mut self.tpl.bytes;
+        b[self.corr..self.corr + 8].copy_from_slice(&tag.to_be_bytes());
+        b[self.corr + 8..self.corr + 16].copy_from_slice(&seq.to_be_bytes());
+        put_digits(&mut b[self.ts..self.ts + 15], now_ms());
+        put_digits(&mut b[self.key..self.key + KEY_DIGITS], key_index);
+        &self.tpl.bytes
+    }
+
+    /// Writes `n` as the last 16 bytes of the value (the payload ends with the value and
+    /// CRLF). The value must be at least 16 bytes long.
+    pub fn patch_value_tail(&mut self, n: u64) {
+        let len = self.tpl.bytes.len();
+        if len >= 18 {
+            put_digits(&mut self.tpl.bytes[len - 18..len - 2], n);
+        }
+    }
+
+    pub fn correlation(&self) -> &[u8] {
+        &self.tpl.bytes[self.corr..self.corr + 16]
+    }
+}
+
+/// What a state store response looked like.
+pub struct StoreAnswer {
+    pub payload: Bytes,
+    pub status_ok: bool,
+}
+
+/// A state store client: one MQTT connection subscribed to its response topic.
+pub struct StoreClient {
+    pub conn: Conn,
+    pub client_id: String,
+    tag: u64,
+    seq: u64,
+    set: Option<StoreRequest>,
+    get: Option<StoreRequest>,
+}
+
+impl StoreClient {
+    pub async fn connect(
+        addr: SocketAddr,
+        client_id: String,
+        tag: u64,
+        value_size: usize,
+    ) -> Result<StoreClient> {
+        let mut conn = Conn::connect(addr, &client_id).await?;
+        conn.subscribe(&response_topic(&client_id), QoS::AtLeastOnce)
+            .await?;
+        let node_id = format!("00000000-0000-4000-8000-{tag:012x}");
+        let key = Bytes::from(key_bytes(0));
+        let set = StoreRequest::new(
+            &client_id,
+            &node_id,
+            &Command::Set {
+                key: key.clone(),
+                value: Bytes::from(vec![b'v'; value_size]),
+                condition: None,
+                px_ms: None,
+            },
+        )?;
+        let get = StoreRequest::new(&client_id, &node_id, &Command::Get { key })?;
+        Ok(StoreClient {
+            conn,
+            client_id,
+            tag,
+            seq: 0,
+            set: Some(set),
+            get: Some(get),
+        })
+    }
+
+    pub async fn set(&mut self, key_index: u64) -> Result<bool> {
+        let answer = self.call(true, key_index).await?;
+        Ok(answer.status_ok && &answer.payload[..] == b"+OK\r\n")
+    }
+
+    /// SET whose value ends in the 16 decimal digits of `n`.
+    pub async fn set_with_value_digits(&mut self, key_index: u64, n: u64) -> Result<bool> {
+        if let Some(req) = self.set.as_mut() {
+            req.patch_value_tail(n);
+        }
+        self.set(key_index).await
+    }
+
+    /// True when the GET found a value.
+    pub async fn get(&mut self, key_index: u64) -> Result<bool> {
+        let answer = self.call(false, key_index).await?;
+        Ok(answer.status_ok
+            && answer.payload.first() == Some(&b'$')
+            && &answer.payload[..] != b"$-1\r\n")
+    }
+
+    /// Sends a request and waits for the response with its correlation data.
+    pub async fn call(&mut self, is_set: bool, key_index: u64) -> Result<StoreAnswer> {
+        self.seq += 1;
+        let pid = self.conn.ids.next();
+        let slot = if is_set { &mut self.set } else { &mut self.get };
+        let Some(mut req) = slot.take() else {
+            bail!("request template in use");
+        };
+        let sent = self
+            .conn
+            .send(req.prepare(pid, self.tag, self.seq, key_index))
+            .await;
+        let answer = match sent {
+            Ok(()) => self.await_response(req.correlation()).await,
+            Err(e) => Err(e),
+        };
+        if is_set {
+            self.set = Some(req);
+        } else {
+            self.get = Some(req);
+        }
+        answer
+    }
+
+    /// Sends another command once (KEYNOTIFY and the like). Its key must be
+    /// `key_bytes(key_index)`.
+    pub async fn call_command(&mut self, command: &Command, key_index: u64) -> Result<StoreAnswer> {
+        self.seq += 1;
+        let node_id = format!("00000000-0000-4000-8000-{:012x}", self.tag);
+        let mut req = StoreRequest::new(&self.client_id, &node_id, command)?;
+        let pid = self.conn.ids.next();
+        self.conn
+            .send(req.prepare(pid, self.tag, self.seq, key_index))
+            .await?;
+        self.await_response(req.correlation()).await
+    }
+
+    async fn await_response(&mut self, correlation: &[u8]) -> Result<StoreAnswer> {
+        loop {
+            let frame = self.conn.read_frame().await?;
+            match frame.kind() {
+                PUBLISH => {
+                    let view = PublishView::parse(frame)?;
+                    if view.qos > 0 {
+                        put_puback(&mut self.conn.wbuf, view.packet_id);
+                    }
+                    let props = view.scan()?;
+                    if props.correlation.as_deref() == Some(correlation) {
+                        return Ok(StoreAnswer {
+                            payload: view.payload,
+                            status_ok: props.status_ok,
+                        });
+                    }
+                }
+                crate::mqtt::DISCONNECT => bail!("server disconnected"),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// One Redis connection speaking RESP2, one request at a time.
+pub struct RedisClient {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    set: Vec<u8>,
+    set_key: usize,
+    get: Vec<u8>,
+    get_key: usize,
+}
+
+fn resp_command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Redis reply kinds a benchmark cares about.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Reply {
+    Simple,
+    Error,
+    Integer,
+    Bulk,
+    Nil,
+}
+
+impl RedisClient {
+    pub async fn connect(addr: SocketAddr, value_size: usize) -> Result<RedisClient> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        let key = key_bytes(0);
+        let value = vec![b'v'; value_size];
+        let set = resp_command(&[b"SET", &key, &value]);
+        let get = resp_command(&[b"GET", &key]);
+        let find = |packet: &[u8]| {
+            packet
+                .windows(KEY_PREFIX.len())
+                .position(|w| w == KEY_PREFIX)
+                .map(|p| p + KEY_PREFIX.len())
+        };
+        let set_key = find(&set).context("key not in SET")?;
+        let get_key = find(&get).context("key not in GET")?;
+        Ok(RedisClient {
+            stream,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            set,
+            set_key,
+            get,
+            get_key,
+        })
+    }
+
+    pub async fn set(&mut self, key_index: u64) -> Result<bool> {
+        put_digits(
+            &mut self.set[self.set_key..self.set_key + KEY_DIGITS],
+            key_index,
+        );
+        self.stream.write_all(&self.set).await?;
+        Ok(self.reply().await? == Reply::Simple)
+    }
+
+    pub async fn get(&mut self, key_index: u64) -> Result<bool> {
+        put_digits(
+            &mut self.get[self.get_key..self.get_key + KEY_DIGITS],
+            key_index,
+        );
+        self.stream.write_all(&self.get).await?;
+        Ok(self.reply().await? == Reply::Bulk)
+    }
+
+    async fn reply(&mut self) -> Result<Reply> {
+        loop {
+            if let Some((reply, used)) = parse_reply(&self.rbuf)? {
+                let _ = self.rbuf.split_to(used);
+                return Ok(reply);
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+                self.rbuf.reserve(64 * 1024);
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                bail!("connection closed by redis");
+            }
+        }
+    }
+}
+
+/// Parses one RESP2 reply (not arrays) at the front of `buf`: the kind and its length.
+pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>> {
+    let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let Some(&first) = buf.first() else {
+        return Ok(None);
+    };
+    let line = &buf[1..line_end];
+    let after_line = line_end + 2;
+    Ok(Some(match first {
+        b'+' => (Reply::Simple, after_line),
+        b'-' => (Reply::Error, after_line),
+        b':' => (Reply::Integer, after_line),
+        b'$' => {
+            if line == b"-1" {
+                (Reply::Nil, after_line)
+            } else {
+                let len: usize = std::str::from_utf8(line)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .context("bad bulk length from redis")?;
+                let total = after_line + len + 2;
+                if buf.len() < total {
+                    return Ok(None);
+                }
+                (Reply::Bulk, total)
+            }
+        }
+        other => bail!("unexpected redis reply type {:?}", other as char),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_request_patches_in_place() {
+        let cmd = Command::Set {
+            key: Bytes::from(key_bytes(0)),
+            value: Bytes::from_static(b"value"),
+            condition: None,
+            px_ms: None,
+        };
+        let mut req = StoreRequest::new("c1", "node", &cmd).expect("template");
+        let bytes = req.prepare(7, 1, 2, 1234).to_vec();
+        let mut buf = BytesMut::from(&bytes[..]);
+        let frame = crate::mqtt::split_frame(&mut buf)
+            .expect("valid")
+            .expect("whole");
+        let view = PublishView::parse(frame).expect("publish");
+        assert_eq!(view.packet_id, 7);
+        let parsed = mqkv_protocol::parse_request(&view.payload).expect("request");
+        assert_eq!(parsed.key().as_ref(), &key_bytes(1234)[..]);
+        let props = view.scan().expect("props");
+        let mut corr = 1u64.to_be_bytes().to_vec();
+        corr.extend_from_slice(&2u64.to_be_bytes());
+        assert_eq!(props.correlation.as_deref(), Some(&corr[..]));
+    }
+
+    #[test]
+    fn redis_replies_parse() {
+        assert_eq!(
+            parse_reply(b"+OK\r\n").expect("ok"),
+            Some((Reply::Simple, 5))
+        );
+        assert_eq!(
+            parse_reply(b"$3\r\nabc\r\n").expect("ok"),
+            Some((Reply::Bulk, 9))
+        );
+        assert_eq!(parse_reply(b"$3\r\nab").expect("ok"), None);
+        assert_eq!(parse_reply(b"$-1\r\n").expect("ok"), Some((Reply::Nil, 5)));
+    }
+}
