@@ -124,8 +124,18 @@ async fn v311_and_v5_clients_share_topics_and_retained_messages() {
     old.subscribe("live", rumqttc::QoS::AtLeastOnce)
         .await
         .unwrap();
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) =
+                old_el.poll().await.unwrap()
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("suback in time");
     let pump = drive(sub_el);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     sub.publish("live", QoS::AtLeastOnce, false, "v5->v4")
         .await
         .unwrap();
@@ -162,14 +172,24 @@ async fn persistent_session_receives_what_was_published_while_away() {
     .await;
     drop(el);
 
-    let (p, pel) = v5("publisher", server.port);
-    let pump = drive(pel);
+    let (p, mut pel) = v5("publisher", server.port);
     for i in 0..3 {
         p.publish("q", QoS::AtLeastOnce, false, format!("m{i}"))
             .await
             .unwrap();
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // All three are with the broker once acknowledged.
+    tokio::time::timeout(TIMEOUT, async {
+        let mut acked = 0;
+        while acked < 3 {
+            if let Event::Incoming(Packet::PubAck(_)) = pel.poll().await.expect("poll") {
+                acked += 1;
+            }
+        }
+    })
+    .await
+    .expect("acks in time");
+    let pump = drive(pel);
 
     o.set_clean_start(false);
     let (_c2, mut el2) = AsyncClient::new(o, 10);
@@ -193,13 +213,24 @@ async fn shared_subscription_splits_messages_between_members() {
         until_suback(&mut el).await;
         members.push((c, el));
     }
-    let (p, pel) = v5("producer", server.port);
-    let pump = drive(pel);
+    let (p, mut pel) = v5("producer", server.port);
     for i in 0..20 {
         p.publish("work", QoS::AtLeastOnce, false, format!("{i}"))
             .await
             .unwrap();
     }
+    // Every message has been routed once the broker acknowledged it.
+    tokio::time::timeout(TIMEOUT, async {
+        let mut acked = 0;
+        while acked < 20 {
+            if let Event::Incoming(Packet::PubAck(_)) = pel.poll().await.expect("poll") {
+                acked += 1;
+            }
+        }
+    })
+    .await
+    .expect("acks in time");
+    let pump = drive(pel);
     let mut counts = Vec::new();
     let mut all = Vec::new();
     for (_c, el) in members.iter_mut() {
