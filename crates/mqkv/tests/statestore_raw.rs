@@ -452,3 +452,50 @@ async fn unanswerable_and_reserved_topic_requests() {
     );
     server.assert_alive();
 }
+
+#[tokio::test]
+async fn observations_end_with_the_connection_even_when_the_session_stays() {
+    let server = ServerProcess::start(&[]);
+    let persistent = |o: &mut rumqttc::v5::MqttOptions| {
+        o.set_session_expiry_interval(Some(300));
+    };
+    let mut watcher = Client::connect_with("leaver", server.port, persistent).await;
+    assert_eq!(
+        &watcher.call(&[b"KEYNOTIFY", b"k"]).await.payload[..],
+        b"+OK\r\n"
+    );
+    watcher.client.disconnect().await.unwrap();
+    let _ = watcher.drain(Duration::from_millis(300)).await;
+    drop(watcher);
+
+    let mut writer = Client::connect("changer", server.port).await;
+    assert_eq!(
+        &writer.call(&[b"SET", b"k", b"v"]).await.payload[..],
+        b"+OK\r\n"
+    );
+
+    // The session (with its response subscription) is still there, but the observation ended
+    // with the connection that made it: no notification was queued for it.
+    let mut back = Client::connect_with("leaver", server.port, |o| {
+        o.set_session_expiry_interval(Some(300));
+        o.set_clean_start(false);
+    })
+    .await;
+    let topic = format!(
+        "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/{}/command/notify/6B",
+        "6C6561766572"
+    );
+    let got = back.drain(Duration::from_millis(700)).await;
+    assert!(
+        got.iter().all(|p| p.topic != topic.as_bytes()),
+        "no notification for an observation of a closed connection"
+    );
+    // A new observation on the new connection works.
+    assert_eq!(
+        &back.call(&[b"KEYNOTIFY", b"k"]).await.payload[..],
+        b"+OK\r\n"
+    );
+    writer.call(&[b"DEL", b"k"]).await;
+    let n = back.wait_for(|p| p.topic == topic.as_bytes()).await;
+    assert_eq!(&n.payload[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
+}

@@ -59,8 +59,14 @@ impl Answer {
 
 impl Client {
     pub async fn connect(id: &str, port: u16) -> Client {
+        Self::connect_with(id, port, |_| {}).await
+    }
+
+    /// `connect` with extra MQTT options (session expiry, clean start, ...).
+    pub async fn connect_with(id: &str, port: u16, tune: impl FnOnce(&mut MqttOptions)) -> Client {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
         o.set_keep_alive(Duration::from_secs(10));
+        tune(&mut o);
         o.set_max_packet_size(Some(64 * 1024 * 1024));
         let (client, mut el) = AsyncClient::new(o, 100);
         let response = format!("clients/{id}/response");
