@@ -57,7 +57,8 @@ impl Canvas {
     }
 
     /// A line `thick` pixels wide; with `dash`, drawn 6 on, 4 off.
-    fn line(&mut self, x0: i64, y0: i64, x1: i64, y1: i64, c: Rgb, thick: i64, dash: bool) {
+    fn line(&mut self, from: (i64, i64), to: (i64, i64), c: Rgb, thick: i64, dash: bool) {
+        let ((x0, y0), (x1, y1)) = (from, to);
         let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
         let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
         let (mut x, mut y, mut err) = (x0, y0, dx + dy);
@@ -198,7 +199,7 @@ fn draw_panel(c: &mut Canvas, p: &Panel, x0: i64, y0: i64, w: i64, h: i64) {
     let mut v = 0.0;
     while v <= ymax + step / 2.0 {
         let y = ypix(v);
-        c.line(left, y, right, y, GRID, 1, false);
+        c.line((left, y), (right, y), GRID, 1, false);
         let label = short(v);
         c.text(
             left - 6 - Canvas::text_width(&label, 1),
@@ -209,12 +210,12 @@ fn draw_panel(c: &mut Canvas, p: &Panel, x0: i64, y0: i64, w: i64, h: i64) {
         );
         v += step;
     }
-    c.line(left, top, left, bottom, AXIS, 1, false);
-    c.line(left, bottom, right, bottom, AXIS, 1, false);
+    c.line((left, top), (left, bottom), AXIS, 1, false);
+    c.line((left, bottom), (right, bottom), AXIS, 1, false);
     for x in &xs {
         let label = x.to_string();
         let px = xpix(*x);
-        c.line(px, bottom, px, bottom + 4, AXIS, 1, false);
+        c.line((px, bottom), (px, bottom + 4), AXIS, 1, false);
         c.text(
             px - Canvas::text_width(&label, 1) / 2,
             bottom + 8,
@@ -237,10 +238,8 @@ fn draw_panel(c: &mut Canvas, p: &Panel, x0: i64, y0: i64, w: i64, h: i64) {
         for pair in pts.windows(2) {
             let (a, b) = (pair[0], pair[1]);
             c.line(
-                xpix(a.0),
-                ypix(a.1),
-                xpix(b.0),
-                ypix(b.1),
+                (xpix(a.0), ypix(a.1)),
+                (xpix(b.0), ypix(b.1)),
                 s.color,
                 2,
                 s.dashed,
@@ -253,7 +252,13 @@ fn draw_panel(c: &mut Canvas, p: &Panel, x0: i64, y0: i64, w: i64, h: i64) {
     // Legend, top left inside the plot.
     let mut ly = top + 6;
     for s in &p.series {
-        c.line(left + 8, ly + 4, left + 28, ly + 4, s.color, 2, s.dashed);
+        c.line(
+            (left + 8, ly + 4),
+            (left + 28, ly + 4),
+            s.color,
+            2,
+            s.dashed,
+        );
         c.text(left + 34, ly, &s.label, BLACK, 1);
         ly += 12;
     }

@@ -152,7 +152,7 @@ fn plan(a: &Args) -> Result<Plan> {
     };
     let secs = |v: f64| Duration::from_secs_f64(v.max(0.0));
     let clients = list(&a.clients, &[1, 16, 64, 256], &[1, 4]);
-    if clients.iter().any(|c| *c == 0) {
+    if clients.contains(&0) {
         bail!("--clients must be positive");
     }
     let value_sizes = a.value_sizes.clone().unwrap_or_else(|| {

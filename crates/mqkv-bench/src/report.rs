@@ -357,7 +357,7 @@ fn fmt_us(v: f64) -> String {
 }
 
 pub fn fmt_size(v: usize) -> String {
-    if v >= 1024 && v % 1024 == 0 {
+    if v >= 1024 && v.is_multiple_of(1024) {
         format!("{}KiB", v / 1024)
     } else {
         format!("{v}B")

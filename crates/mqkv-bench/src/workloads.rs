@@ -240,7 +240,7 @@ impl Worker for KvWorker {
                 self.rng ^= self.rng << 13;
                 self.rng ^= self.rng >> 7;
                 self.rng ^= self.rng << 17;
-                self.rng % 10 != 0
+                !self.rng.is_multiple_of(10)
             }
         };
         if is_get {
@@ -367,8 +367,12 @@ fn parse_header(payload: &[u8]) -> Option<(usize, u64, u64)> {
 }
 
 /// Reads deliveries and counts them against the publishers' slots until aborted.
-async fn subscriber_loop(mut conn: Conn, slots: Arc<Vec<Slot>>, delivered: Arc<AtomicU64>) {
-    let result: Result<()> = async {
+async fn subscriber_loop(
+    mut conn: Conn,
+    slots: Arc<Vec<Slot>>,
+    delivered: Arc<AtomicU64>,
+) -> Result<()> {
+    async {
         loop {
             while let Some(frame) = conn.try_frame()? {
                 if frame.kind() != PUBLISH {
@@ -389,8 +393,7 @@ async fn subscriber_loop(mut conn: Conn, slots: Arc<Vec<Slot>>, delivered: Arc<A
             conn.fill().await?;
         }
     }
-    .await;
-    let _ = result;
+    .await
 }
 
 struct Publisher {
@@ -534,8 +537,29 @@ pub async fn pubsub(
         }
         Err(e) => r.failed = Some(format!("set-up: {e:#}")),
     }
-    readers.abort_all();
+    reader_failures(&mut readers, &mut r);
     r
+}
+
+/// Stops the background readers; one that already ended with an error fails the run.
+fn reader_failures(readers: &mut JoinSet<Result<()>>, r: &mut RunResult) {
+    let mut errors = Vec::new();
+    while let Some(joined) = readers.try_join_next() {
+        match joined {
+            Ok(Err(e)) => errors.push(format!("{e:#}")),
+            Ok(Ok(())) => {}
+            Err(e) => errors.push(format!("reader task: {e}")),
+        }
+    }
+    readers.abort_all();
+    if let Some(first) = errors.first() {
+        if r.failed.is_none() {
+            r.failed = Some(format!(
+                "{} receiving connection(s) failed; first: {first}",
+                errors.len()
+            ));
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -642,8 +666,16 @@ async fn rate_inner(server: &Server, s: &Settings, r: &mut RunResult) -> Result<
     let elapsed_cpu = (server.cpu_seconds() - srv0, self_cpu_seconds() - me0);
     // Let the last messages arrive.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    reader.abort();
     ack_reader.abort();
+    if reader.is_finished() {
+        match reader.await {
+            Ok(Err(e)) => bail!("the subscriber failed: {e:#}"),
+            Err(e) => bail!("the subscriber task failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+    } else {
+        reader.abort();
+    }
     let got = received.load(Ordering::Relaxed);
     let total = (s.warmup + s.rate_duration).as_secs_f64();
     r.duration_s = s.rate_duration.as_secs_f64();
@@ -716,8 +748,8 @@ impl Worker for Setter {
     }
 }
 
-async fn observer_loop(mut conn: Conn, round: Arc<Round>, epoch: Instant) {
-    let result: Result<()> = async {
+async fn observer_loop(mut conn: Conn, round: Arc<Round>, epoch: Instant) -> Result<()> {
+    async {
         loop {
             while let Some(frame) = conn.try_frame()? {
                 if frame.kind() != PUBLISH {
@@ -759,8 +791,7 @@ async fn observer_loop(mut conn: Conn, round: Arc<Round>, epoch: Instant) {
             conn.fill().await?;
         }
     }
-    .await;
-    let _ = result;
+    .await
 }
 
 pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResult {
@@ -820,7 +851,7 @@ pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResul
         }
         Err(e) => r.failed = Some(format!("set-up: {e:#}")),
     }
-    readers.abort_all();
+    reader_failures(&mut readers, &mut r);
     r
 }
 

@@ -12,19 +12,19 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::auth::{Authenticator, DefaultAuthenticator};
 use crate::codec::SubscriptionOptions;
 use crate::config::BrokerConfig;
-use crate::service::{ClientIdentity, OutboundMessage, ServiceEvent};
+use crate::service::{ClientIdentity, OutboundMessage, Service};
 use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Session};
 use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
 use crate::topic;
 
 struct ServiceClaim {
     filters: Vec<String>,
-    tx: mpsc::Sender<ServiceEvent>,
+    service: Arc<dyn Service>,
 }
 
 pub(crate) struct Inner {
@@ -125,16 +125,13 @@ impl Broker {
         Ok(local)
     }
 
-    /// Claims topic filters for an in-process service. Publishes to matching topics go to the
-    /// returned channel instead of subscribers; connect and disconnect events of every client
-    /// arrive on it too.
-    pub fn claim(&self, filters: &[&str], capacity: usize) -> mpsc::Receiver<ServiceEvent> {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+    /// Claims topic filters for an in-process service: publishes to matching topics go to the
+    /// service instead of subscribers, and it hears every client connect and disconnect.
+    pub fn claim(&self, filters: &[&str], service: Arc<dyn Service>) {
         self.inner.services.write().push(ServiceClaim {
             filters: filters.iter().map(|f| (*f).to_owned()).collect(),
-            tx,
+            service,
         });
-        rx
     }
 
     /// Publishes a message as the broker itself, routed to subscribers like any other.
@@ -249,20 +246,24 @@ impl Inner {
     }
 
     /// The service claiming `topic`, if any.
-    pub fn service_for(&self, topic: &str) -> Option<mpsc::Sender<ServiceEvent>> {
+    pub fn service_for(&self, topic: &str) -> Option<Arc<dyn Service>> {
         let services = self.services.read();
+        if services.is_empty() {
+            return None;
+        }
         services
             .iter()
             .find(|s| s.filters.iter().any(|f| topic::matches(f, topic)))
-            .map(|s| s.tx.clone())
+            .map(|s| s.service.clone())
     }
 
-    /// Tells every service about a connection event, in order with that client's publishes.
-    pub async fn notify_services(&self, event: impl Fn() -> ServiceEvent) {
-        let txs: Vec<_> = self.services.read().iter().map(|s| s.tx.clone()).collect();
-        for tx in txs {
-            let _ = tx.send(event()).await;
-        }
+    /// Every service, for connect and disconnect events.
+    pub fn services(&self) -> Vec<Arc<dyn Service>> {
+        self.services
+            .read()
+            .iter()
+            .map(|s| s.service.clone())
+            .collect()
     }
 
     pub fn touch(&self) {

@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 use crate::auth::AuthRequest;
 use crate::broker::{identity, Inner};
 use crate::codec::{self, reason, Ack, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
-use crate::service::{ServiceEvent, ServicePublish};
+use crate::service::ServicePublish;
 use crate::session::{Delivery, Link, Message, Session};
 use crate::subtree::ClientId;
 use crate::topic;
@@ -231,9 +231,9 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     tracing::debug!(%peer, client_id = %client_id, level, "client connected");
 
     let ident = identity(&client_id, &principal, peer, conn_id);
-    inner
-        .notify_services(|| ServiceEvent::Connected(ident.clone()))
-        .await;
+    for service in inner.services() {
+        service.on_connect(&ident);
+    }
 
     let writer = tokio::spawn(write_loop(session.clone(), conn_id, notify, wr, level));
     let mut conn = Conn {
@@ -255,9 +255,9 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         _ => conn.will.take(),
     };
     inner.detach(&session, conn_id, will);
-    inner
-        .notify_services(|| ServiceEvent::Disconnected(ident.clone()))
-        .await;
+    for service in inner.services() {
+        service.on_disconnect(&ident);
+    }
 }
 
 #[derive(Debug)]
@@ -602,7 +602,7 @@ impl Conn {
         let mut code = reason::SUCCESS;
         if bad_payload {
             code = reason::PAYLOAD_FORMAT_INVALID;
-        } else if let Some(tx) = self.inner.service_for(&p.topic) {
+        } else if let Some(service) = self.inner.service_for(&p.topic) {
             let sp = ServicePublish {
                 topic: p.topic,
                 payload: p.payload,
@@ -610,8 +610,8 @@ impl Conn {
                 properties: p.properties,
                 from: self.ident.clone(),
             };
-            if tx.send(ServiceEvent::Publish(Box::new(sp))).await.is_err() {
-                code = reason::SERVER_UNAVAILABLE;
+            if let Some(pending) = service.on_publish(sp) {
+                pending.await;
             }
         } else {
             let msg = Arc::new(Message {

@@ -19,4 +19,4 @@ pub mod topic;
 
 pub use broker::Broker;
 pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
-pub use service::{ClientIdentity, OutboundMessage, ServiceEvent, ServicePublish};
+pub use service::{ClientIdentity, OutboundMessage, Service, ServiceFuture, ServicePublish};

@@ -1,15 +1,20 @@
 //! The in-process service interface.
 //!
-//! A component inside the server claims a topic filter with [`crate::Broker::claim`]. From then
+//! A component inside the server claims topic filters with [`crate::Broker::claim`]. From then
 //! on every PUBLISH to a matching topic goes to the component (and to no subscriber), together
-//! with the publisher's connection identity. The same channel carries connect and disconnect
-//! events of every client, in the order they happened relative to that client's publishes, so a
-//! service can tie per-connection state (like key observations) to the connection's lifetime.
+//! with the publisher's connection identity. The component also hears when every client connects
+//! and disconnects, in order with that client's publishes, so it can tie per-connection state
+//! (like key observations) to the connection's lifetime.
 //!
-//! The channel is bounded: a service that falls behind slows down the clients publishing to it
-//! (their QoS 1 acknowledgements wait), never the rest of the broker.
+//! A service runs on the publisher's own connection task: a request is handled without a hand-off
+//! to another task, and a service that needs to wait (for a disk write, say) returns a future
+//! that the connection awaits before it reads the client's next packet. So one client's requests
+//! are handled in the order it sent them, a slow service slows down only the clients publishing
+//! to it (their QoS 1 acknowledgements wait), and the rest of the broker is not held up.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -38,11 +43,21 @@ pub struct ServicePublish {
     pub from: ClientIdentity,
 }
 
-#[derive(Debug, Clone)]
-pub enum ServiceEvent {
-    Publish(Box<ServicePublish>),
-    Connected(ClientIdentity),
-    Disconnected(ClientIdentity),
+/// Work a service still has to finish for a publish; the connection awaits it.
+pub type ServiceFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// An in-process component that owns some topics.
+pub trait Service: Send + Sync + 'static {
+    /// A PUBLISH to a claimed topic, called on the publisher's connection task. Return `None`
+    /// when it has been handled completely, or a future the connection awaits before it
+    /// acknowledges the PUBLISH and reads the next packet.
+    fn on_publish(&self, publish: ServicePublish) -> Option<ServiceFuture>;
+
+    /// A client connected (its CONNACK is queued).
+    fn on_connect(&self, _who: &ClientIdentity) {}
+
+    /// A client's connection ended (after its last publish was handled).
+    fn on_disconnect(&self, _who: &ClientIdentity) {}
 }
 
 /// A message a service sends.

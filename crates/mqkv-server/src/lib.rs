@@ -84,7 +84,7 @@ impl Server {
             };
             node.write(entry).await.map_err(StartError::Limits)?;
         }
-        statestore::StateStoreService::spawn(&broker, node.clone(), notifier);
+        statestore::StateStoreService::start(&broker, node.clone(), notifier);
         let mut listeners = Vec::new();
         for addr in &config.listen {
             let bound = broker

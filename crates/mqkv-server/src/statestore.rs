@@ -21,7 +21,9 @@ use parking_lot::Mutex;
 
 use bytes::Bytes;
 use mqkv_broker::codec::{Properties, QoS};
-use mqkv_broker::{Broker, ClientIdentity, OutboundMessage, ServiceEvent, ServicePublish};
+use mqkv_broker::{
+    Broker, ClientIdentity, OutboundMessage, Service, ServiceFuture, ServicePublish,
+};
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
     is_reserved_response_topic, notification_topic, parse_request_bytes, Command, Hlc, Response,
@@ -29,7 +31,7 @@ use mqkv_protocol::{
 };
 use mqkv_raft::{ApplyHook, StoreNode};
 use mqkv_store::{Applied, DedupId, Entry, Op, Request};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 /// How long a request's answer is remembered for redeliveries when the request carries no
 /// message expiry (the SDKs always send one).
@@ -173,38 +175,27 @@ pub struct StateStoreService {
 }
 
 impl StateStoreService {
-    /// Claims the request topic on `broker` and serves it from `node` until the broker goes
-    /// away. `notifier` must be the one whose hook `node` was opened with.
-    pub fn spawn(
+    /// Claims the request topic on `broker` and serves it from `node`. `notifier` must be the
+    /// one whose hook `node` was opened with.
+    pub fn start(
         broker: &Broker,
         node: StoreNode,
         notifier: Arc<Notifier>,
-    ) -> tokio::task::JoinHandle<()> {
-        // The notification namespace is claimed too, so no client can publish forged
-        // notifications into it; the service drops whatever arrives there.
-        let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
-        let rx = broker.claim(&[REQUEST_TOPIC, &notify_filter], 4096);
+    ) -> Arc<StateStoreService> {
         let service = Arc::new(StateStoreService {
             broker: broker.clone(),
             node,
             notifier,
         });
+        // The notification namespace is claimed too, so no client can publish forged
+        // notifications into it; the service drops whatever arrives there.
+        let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
+        broker.claim(
+            &[REQUEST_TOPIC, &notify_filter],
+            Arc::new(Handle(service.clone())),
+        );
         tokio::spawn(service.clone().expire_loop());
-        tokio::spawn(service.run(rx))
-    }
-
-    async fn run(self: Arc<Self>, mut rx: mpsc::Receiver<ServiceEvent>) {
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                ServiceEvent::Publish(p) => self.request(*p),
-                ServiceEvent::Connected(_) => {}
-                ServiceEvent::Disconnected(who) => self
-                    .notifier
-                    .observers
-                    .lock()
-                    .connection_closed(who.connection_id),
-            }
-        }
+        service
     }
 
     /// Proposes an expiry entry whenever the earliest key deadline passes.
@@ -239,17 +230,19 @@ impl StateStoreService {
         }
     }
 
-    fn request(self: &Arc<Self>, p: ServicePublish) {
+    /// Handles one request: reads and KEYNOTIFY at once, writes through the log (the returned
+    /// future finishes when the write is durable and answered).
+    fn request(self: &Arc<Self>, p: ServicePublish) -> Option<ServiceFuture> {
         if p.topic != REQUEST_TOPIC {
             tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
-            return;
+            return None;
         }
         let (Some(response_topic), Some(correlation)) = (
             p.properties.response_topic.clone(),
             p.properties.correlation_data.clone(),
         ) else {
             tracing::warn!(client_id = %p.from.client_id, "state store request without response topic or correlation data dropped");
-            return;
+            return None;
         };
         if is_reserved_response_topic(&response_topic) {
             tracing::warn!(client_id = %p.from.client_id, %response_topic, "state store request with a reserved response topic: client disconnected");
@@ -258,7 +251,7 @@ impl StateStoreService {
                 p.from.connection_id,
                 RESERVED_RESPONSE_TOPIC_REASON,
             );
-            return;
+            return None;
         }
         let reply = Reply {
             topic: response_topic,
@@ -276,7 +269,7 @@ impl StateStoreService {
             if !mqkv_protocol::protocol_version_supported(v) {
                 let v = v.to_owned();
                 self.unsupported_version(&reply, &v);
-                return;
+                return None;
             }
         }
         let now = now_ms();
@@ -294,12 +287,12 @@ impl StateStoreService {
             Ok(r) => r,
             Err(kind) => {
                 self.respond(&reply, &Response::Error(kind), None);
-                return;
+                return None;
             }
         };
         if let Err(kind) = mqkv_store::validate(&request, now) {
             self.respond(&reply, &Response::Error(kind), None);
-            return;
+            return None;
         }
         match &request.command {
             Command::KeyNotify { key, stop } => {
@@ -337,7 +330,7 @@ impl StateStoreService {
                     expires_at_ms: now.saturating_add(window),
                 });
                 let me = self.clone();
-                tokio::spawn(async move {
+                return Some(Box::pin(async move {
                     let entry = Entry {
                         now_ms: now,
                         op: Op::Request(request),
@@ -351,9 +344,10 @@ impl StateStoreService {
                             me.unavailable(&reply, &e.to_string());
                         }
                     }
-                });
+                }));
             }
         }
+        None
     }
 
     fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
@@ -431,4 +425,21 @@ struct Reply {
     topic: String,
     correlation: Bytes,
     expiry: Option<u32>,
+}
+
+/// The service as the broker sees it.
+struct Handle(Arc<StateStoreService>);
+
+impl Service for Handle {
+    fn on_publish(&self, publish: ServicePublish) -> Option<ServiceFuture> {
+        self.0.request(publish)
+    }
+
+    fn on_disconnect(&self, who: &ClientIdentity) {
+        self.0
+            .notifier
+            .observers
+            .lock()
+            .connection_closed(who.connection_id);
+    }
 }

@@ -1,0 +1,166 @@
+//! Runs `mqkv-bench --smoke` against the freshly built server and checks the shape of what it
+//! writes. Structure only: nothing here depends on how fast anything was.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::SystemTime;
+
+use serde_json::Value;
+
+/// The server binary: `MQKV_BIN`, else the newer of `target/release/mqkv` and
+/// `target/debug/mqkv` in the target directory this test was built into.
+fn server_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("MQKV_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // <target>/<profile>/deps/smoke-<hash>
+    let target = exe
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .expect("target directory");
+    let newest = ["release", "debug"]
+        .iter()
+        .map(|profile| target.join(profile).join("mqkv"))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| {
+            p.metadata()
+                .and_then(|m| m.modified())
+                .unwrap_or(SystemTime::UNIX_EPOCH)
+        });
+    newest.unwrap_or_else(|| {
+        panic!(
+            "no mqkv server binary under {}: build it first (cargo build -p mqkv), or set MQKV_BIN",
+            target.display()
+        )
+    })
+}
+
+fn results_for<'a>(doc: &'a Value, workload: &str, target: &str) -> Vec<&'a Value> {
+    doc["results"]
+        .as_array()
+        .expect("results array")
+        .iter()
+        .filter(|r| r["workload"] == workload && r["target"] == target)
+        .collect()
+}
+
+fn check_present(doc: &Value, workload: &str, target: &str, latency: bool) {
+    let rs = results_for(doc, workload, target);
+    assert!(!rs.is_empty(), "no {workload} result for {target}");
+    for r in rs {
+        assert!(
+            r.get("failed").is_none(),
+            "{workload} on {target} failed: {}",
+            r["failed"]
+        );
+        assert!(
+            r["throughput"].is_number(),
+            "{workload}/{target} throughput"
+        );
+        assert!(r["clients"].is_u64(), "{workload}/{target} clients");
+        if latency {
+            let l = &r["latency_us"];
+            for field in ["p50", "p99", "p999", "max"] {
+                assert!(l[field].is_number(), "{workload}/{target} latency {field}");
+            }
+        }
+    }
+}
+
+#[test]
+fn smoke_run_reports_every_workload() {
+    let server = server_binary();
+    let out = std::env::temp_dir().join(format!("mqkv-bench-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"))
+        .arg("--smoke")
+        .arg("--out")
+        .arg(&out)
+        .arg("--server-bin")
+        .arg(&server)
+        .output()
+        .expect("run mqkv-bench");
+    assert!(
+        run.status.success(),
+        "mqkv-bench --smoke exited with {}:\n{}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let doc: Value = serde_json::from_str(&text).expect("results.json is JSON");
+
+    let meta = &doc["meta"];
+    assert_eq!(meta["smoke"], true);
+    for field in ["nproc", "cpu_model", "mem_total_bytes"] {
+        assert!(!meta["machine"][field].is_null(), "machine.{field}");
+    }
+    assert!(meta["loadavg_before"].is_string() && meta["loadavg_after"].is_string());
+
+    for (workload, latency) in [
+        ("set", true),
+        ("get", true),
+        ("mix", true),
+        ("notify", true),
+        ("pubsub-fanin", true),
+        ("pubsub-fanout", true),
+        ("pubsub-rate", true),
+        ("conn-storm", true),
+        ("mem-idle-conns", false),
+        ("mem-keys", false),
+    ] {
+        check_present(&doc, workload, "mqkv", latency);
+    }
+    check_present(&doc, "set", "mqkv-disk", true);
+    for r in results_for(&doc, "mem-idle-conns", "mqkv") {
+        assert!(r["extra"]["bytes_per_connection"].is_number());
+    }
+    for r in results_for(&doc, "mem-keys", "mqkv") {
+        assert!(r["extra"]["overhead_bytes_per_key"].is_number());
+    }
+
+    // The anchors are skipped only when they could not be installed, and then the reason is
+    // in the record: say it here too.
+    let notes: Vec<String> = meta["anchor_notes"]
+        .as_array()
+        .expect("anchor_notes")
+        .iter()
+        .filter_map(|n| n.as_str().map(str::to_owned))
+        .collect();
+    let has_mosquitto = !meta["versions"]["mosquitto"].is_null();
+    let has_redis = !meta["versions"]["redis"].is_null();
+    if !has_mosquitto || !has_redis {
+        eprintln!("anchor checks skipped in part: {}", notes.join("; "));
+        assert!(!notes.is_empty(), "an anchor is missing without a reason");
+    }
+    if has_redis {
+        for wl in ["set", "get", "mix"] {
+            check_present(&doc, wl, "redis", true);
+        }
+        check_present(&doc, "set", "redis-aof", true);
+        check_present(&doc, "mem-keys", "redis", false);
+    }
+    if has_mosquitto {
+        for wl in ["pubsub-fanin", "pubsub-fanout", "pubsub-rate", "conn-storm"] {
+            check_present(&doc, wl, "mosquitto", true);
+        }
+        check_present(&doc, "mem-idle-conns", "mosquitto", false);
+    }
+    if has_redis || has_mosquitto {
+        let ratios = doc["ratios"].as_array().expect("ratios");
+        assert!(!ratios.is_empty(), "anchors ran but no ratios");
+        for r in ratios {
+            assert!(r["mqkv_over_anchor"].is_number());
+        }
+    }
+    assert_eq!(doc["targets"].as_array().expect("targets").len(), 7);
+
+    let png = std::fs::read(out.join("throughput.png")).expect("throughput.png");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "chart is a PNG");
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
+    assert!(md.contains("| workload | target |"));
+    let _ = std::fs::remove_dir_all(&out);
+}
