@@ -338,14 +338,14 @@ impl RedisClient {
 
 /// Parses one RESP2 reply (not arrays) at the front of `buf`: the kind and its length.
 pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>> {
-    let Some(line_end) = buf.windows(2).position(|w| w == b"\r\n") else {
+    let Some((&first, rest)) = buf.split_first() else {
         return Ok(None);
     };
-    let Some(&first) = buf.first() else {
+    let Some(line_len) = rest.windows(2).position(|w| w == b"\r\n") else {
         return Ok(None);
     };
-    let line = &buf[1..line_end];
-    let after_line = line_end + 2;
+    let line = &rest[..line_len];
+    let after_line = 1 + line_len + 2;
     Ok(Some(match first {
         b'+' => (Reply::Simple, after_line),
         b'-' => (Reply::Error, after_line),
@@ -358,7 +358,10 @@ pub fn parse_reply(buf: &[u8]) -> Result<Option<(Reply, usize)>> {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .context("bad bulk length from redis")?;
-                let total = after_line + len + 2;
+                let total = after_line
+                    .checked_add(len)
+                    .and_then(|t| t.checked_add(2))
+                    .context("bulk length out of range")?;
                 if buf.len() < total {
                     return Ok(None);
                 }
@@ -409,5 +412,6 @@ mod tests {
         );
         assert_eq!(parse_reply(b"$3\r\nab").expect("ok"), None);
         assert_eq!(parse_reply(b"$-1\r\n").expect("ok"), Some((Reply::Nil, 5)));
+        assert!(parse_reply(b"\r\n\r\n").is_err());
     }
 }
