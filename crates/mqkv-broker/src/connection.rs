@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
@@ -235,7 +235,17 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         service.on_connect(&ident);
     }
 
-    let writer = tokio::spawn(write_loop(session.clone(), conn_id, notify, wr, level));
+    let wr: Writer = Arc::new(tokio::sync::Mutex::new(WriteState {
+        half: wr,
+        pending: BytesMut::new(),
+    }));
+    let writer = tokio::spawn(write_loop(
+        session.clone(),
+        conn_id,
+        notify.clone(),
+        wr.clone(),
+        level,
+    ));
     let mut conn = Conn {
         inner: inner.clone(),
         session: session.clone(),
@@ -246,6 +256,8 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         aliases: Vec::new(),
         session_expiry: expiry,
         will,
+        wr,
+        notify,
     };
     let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
     tracing::debug!(client_id = %client_id, ?end, "connection closed");
@@ -307,45 +319,70 @@ async fn read_connect(
     }
 }
 
+/// The write side, shared by the writer task and the reader's inline flush: the socket half
+/// and bytes encoded but not yet written.
+struct WriteState {
+    half: OwnedWriteHalf,
+    pending: BytesMut,
+}
+
+type Writer = Arc<tokio::sync::Mutex<WriteState>>;
+
+/// Writes everything the session has ready for this connection, waiting for the socket as
+/// needed. Returns true when the connection is finished (closed, taken over, or failed).
+async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -> bool {
+    loop {
+        if !w.pending.is_empty() {
+            if w.half.write_all(&w.pending).await.is_err() {
+                return true;
+            }
+            w.pending.clear();
+        }
+        match session.drain(conn_id, &mut w.pending, WRITE_BATCH) {
+            None => {
+                // The session moved to another connection.
+                if level == codec::V5 {
+                    Packet::Disconnect(codec::Disconnect {
+                        reason_code: reason::SESSION_TAKEN_OVER,
+                        ..Default::default()
+                    })
+                    .encode(&mut w.pending, level);
+                    let _ = w.half.write_all(&w.pending).await;
+                }
+                let _ = w.half.shutdown().await;
+                return true;
+            }
+            Some(close) => {
+                if !w.pending.is_empty() {
+                    if w.half.write_all(&w.pending).await.is_err() {
+                        return true;
+                    }
+                    w.pending.clear();
+                }
+                if close {
+                    let _ = w.half.shutdown().await;
+                    return true;
+                }
+            }
+        }
+        if !session.has_ready(conn_id) {
+            return false;
+        }
+    }
+}
+
 async fn write_loop(
     session: Arc<Session>,
     conn_id: u64,
     notify: Arc<tokio::sync::Notify>,
-    mut wr: OwnedWriteHalf,
+    wr: Writer,
     level: u8,
 ) {
-    let mut out = BytesMut::with_capacity(64 * 1024);
     loop {
         notify.notified().await;
-        loop {
-            out.clear();
-            match session.drain(conn_id, &mut out, WRITE_BATCH) {
-                None => {
-                    // The session moved to another connection.
-                    if level == codec::V5 {
-                        Packet::Disconnect(codec::Disconnect {
-                            reason_code: reason::SESSION_TAKEN_OVER,
-                            ..Default::default()
-                        })
-                        .encode(&mut out, level);
-                        let _ = wr.write_all(&out).await;
-                    }
-                    let _ = wr.shutdown().await;
-                    return;
-                }
-                Some(close) => {
-                    if !out.is_empty() && wr.write_all(&out).await.is_err() {
-                        return;
-                    }
-                    if close {
-                        let _ = wr.shutdown().await;
-                        return;
-                    }
-                }
-            }
-            if !session.has_ready(conn_id) {
-                break;
-            }
+        let mut w = wr.lock().await;
+        if flush(&session, conn_id, level, &mut w).await {
+            return;
         }
     }
 }
@@ -372,6 +409,8 @@ struct Conn {
     aliases: Vec<Option<String>>,
     session_expiry: u32,
     will: Option<(Arc<Message>, u32)>,
+    wr: Writer,
+    notify: Arc<tokio::sync::Notify>,
 }
 
 /// A violation detected while handling a packet: DISCONNECT with this reason code.
@@ -384,6 +423,40 @@ impl Conn {
 
     fn send(&self, p: Packet) {
         self.session.send_control(self.conn_id, p);
+    }
+
+    /// Writes what is queued from the reader's own task, without waiting: as much as the socket
+    /// takes at once. The rest, and anything unusual (closing, takeover, a busy writer), is left
+    /// to the writer task. This saves a task hand-off per request and puts an ack and the
+    /// response it belongs with into one write.
+    fn flush_inline(&self) {
+        self.session.set_deferred(self.conn_id, false);
+        let Ok(mut guard) = self.wr.try_lock() else {
+            self.notify.notify_one();
+            return;
+        };
+        let w = &mut *guard;
+        if !w.pending.is_empty() {
+            self.notify.notify_one();
+            return;
+        }
+        if self
+            .session
+            .drain(self.conn_id, &mut w.pending, WRITE_BATCH)
+            != Some(false)
+        {
+            self.notify.notify_one();
+            return;
+        }
+        while !w.pending.is_empty() {
+            match w.half.try_write(&w.pending) {
+                Ok(n) if n > 0 => w.pending.advance(n),
+                _ => break,
+            }
+        }
+        if !w.pending.is_empty() || self.session.has_ready(self.conn_id) {
+            self.notify.notify_one();
+        }
     }
 
     /// Queues DISCONNECT (MQTT 5) and makes the writer close after flushing.
@@ -404,7 +477,12 @@ impl Conn {
         let mut last = Instant::now();
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let end = loop {
-            match self.process(&mut buf, max_in).await {
+            // While the batch is handled, queueing output does not wake the writer task: the
+            // reader writes it itself afterwards, acks and responses together in one write.
+            self.session.set_deferred(self.conn_id, true);
+            let processed = self.process(&mut buf, max_in).await;
+            self.flush_inline();
+            match processed {
                 Ok(None) => {}
                 Ok(Some(end)) => break end,
                 Err(Violation(code)) => {
@@ -611,7 +689,10 @@ impl Conn {
                 from: self.ident.clone(),
             };
             if let Some(pending) = service.on_publish(sp) {
+                // Output queued so far need not wait for the service.
+                self.flush_inline();
                 pending.await;
+                self.session.set_deferred(self.conn_id, true);
             }
         } else {
             let msg = Arc::new(Message {

@@ -78,6 +78,18 @@ pub struct Link {
     pub closing: bool,
     /// Inflight messages must be resent (the session was resumed on this link).
     resend: bool,
+    /// The connection's reader is handling a batch of packets and will flush what is queued
+    /// when it is done, so queueing need not wake the writer task.
+    deferred: bool,
+}
+
+impl Link {
+    /// Wakes the writer unless the reader is about to flush anyway.
+    fn wake(&self) {
+        if !self.deferred {
+            self.notify.notify_one();
+        }
+    }
 }
 
 impl Link {
@@ -99,6 +111,7 @@ impl Link {
             control: VecDeque::new(),
             closing: false,
             resend: true,
+            deferred: false,
         }
     }
 }
@@ -178,7 +191,7 @@ impl Session {
         }
         st.queue.push_back(d);
         if let Some(link) = &st.link {
-            link.notify.notify_one();
+            link.wake();
         }
         result
     }
@@ -188,7 +201,15 @@ impl Session {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
             link.control.push_back(p);
-            link.notify.notify_one();
+            link.wake();
+        }
+    }
+
+    /// Marks whether the connection's reader will flush queued output itself (see `Link`).
+    pub fn set_deferred(&self, conn_id: u64, deferred: bool) {
+        let mut st = self.state.lock();
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
+            link.deferred = deferred;
         }
     }
 
@@ -219,7 +240,7 @@ impl Session {
         };
         st.inflight.remove(pos);
         if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
-            link.notify.notify_one();
+            link.wake();
         }
         true
     }
@@ -243,7 +264,7 @@ impl Session {
             }
         }
         if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
-            link.notify.notify_one();
+            link.wake();
         }
         true
     }
