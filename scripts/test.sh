@@ -7,10 +7,15 @@ cd "$(dirname "$0")/.."
 sudo_cmd=""
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
 
-# Debian packages: the mosquitto command-line clients are real peers in the interop tests.
-if ! command -v mosquitto_pub >/dev/null 2>&1 || ! command -v mosquitto_rr >/dev/null 2>&1; then
+# Debian packages: the mosquitto command-line clients are real peers in the interop tests;
+# Mosquitto and Redis are the benchmark's side-by-side anchors (its smoke test runs them).
+missing=()
+command -v mosquitto_rr >/dev/null 2>&1 || missing+=(mosquitto-clients)
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq mosquitto-clients
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
 # Python packages: paho-mqtt and pytest.
