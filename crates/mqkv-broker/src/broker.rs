@@ -136,19 +136,7 @@ impl Broker {
 
     /// Publishes a message as the broker itself, routed to subscribers like any other.
     pub fn publish(&self, m: OutboundMessage) {
-        let msg = Arc::new(Message {
-            expires_at: m
-                .properties
-                .message_expiry_interval
-                .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
-            topic: m.topic,
-            payload: m.payload,
-            qos: m.qos,
-            retain: m.retain,
-            properties: m.properties,
-            publisher: None,
-        });
-        self.inner.route(msg);
+        self.inner.route(Arc::new(Message::from_service(m)));
     }
 
     /// Puts a message straight into one client's session, whether or not it subscribed.
@@ -158,16 +146,8 @@ impl Broker {
             return false;
         };
         let msg = Arc::new(Message {
-            expires_at: m
-                .properties
-                .message_expiry_interval
-                .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
-            topic: m.topic,
-            payload: m.payload,
-            qos: m.qos,
             retain: false,
-            properties: m.properties,
-            publisher: None,
+            ..Message::from_service(m)
         });
         let d = Delivery {
             qos: msg.qos,

@@ -32,6 +32,22 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message a service sends: the broker itself is the publisher.
+    pub fn from_service(m: crate::service::OutboundMessage) -> Message {
+        Message {
+            expires_at: m
+                .properties
+                .message_expiry_interval
+                .map(|s| Instant::now() + std::time::Duration::from_secs(u64::from(s))),
+            topic: m.topic,
+            payload: m.payload,
+            qos: m.qos,
+            retain: m.retain,
+            properties: m.properties,
+            publisher: None,
+        }
+    }
+
     pub fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|t| t <= now)
     }

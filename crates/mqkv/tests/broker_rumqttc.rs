@@ -42,6 +42,20 @@ async fn until_suback(el: &mut EventLoop) -> Vec<rumqttc::v5::mqttbytes::v5::Sub
     .expect("suback in time")
 }
 
+/// Polls until `n` PUBACKs have arrived.
+async fn wait_acks(el: &mut EventLoop, n: usize) {
+    tokio::time::timeout(TIMEOUT, async {
+        let mut acked = 0;
+        while acked < n {
+            if let Event::Incoming(Packet::PubAck(_)) = el.poll().await.expect("poll") {
+                acked += 1;
+            }
+        }
+    })
+    .await
+    .expect("acks in time");
+}
+
 /// Drives an event loop in the background.
 fn drive(mut el: EventLoop) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move { while el.poll().await.is_ok() {} })
@@ -179,16 +193,7 @@ async fn persistent_session_receives_what_was_published_while_away() {
             .unwrap();
     }
     // All three are with the broker once acknowledged.
-    tokio::time::timeout(TIMEOUT, async {
-        let mut acked = 0;
-        while acked < 3 {
-            if let Event::Incoming(Packet::PubAck(_)) = pel.poll().await.expect("poll") {
-                acked += 1;
-            }
-        }
-    })
-    .await
-    .expect("acks in time");
+    wait_acks(&mut pel, 3).await;
     let pump = drive(pel);
 
     o.set_clean_start(false);
@@ -220,16 +225,7 @@ async fn shared_subscription_splits_messages_between_members() {
             .unwrap();
     }
     // Every message has been routed once the broker acknowledged it.
-    tokio::time::timeout(TIMEOUT, async {
-        let mut acked = 0;
-        while acked < 20 {
-            if let Event::Incoming(Packet::PubAck(_)) = pel.poll().await.expect("poll") {
-                acked += 1;
-            }
-        }
-    })
-    .await
-    .expect("acks in time");
+    wait_acks(&mut pel, 20).await;
     let pump = drive(pel);
     let mut counts = Vec::new();
     let mut all = Vec::new();

@@ -396,42 +396,40 @@ async fn unanswerable_and_reserved_topic_requests() {
     let mut server = ServerProcess::start(&[]);
     let mut c = Client::connect("rude", server.port).await;
     // No correlation data: dropped, no answer.
-    let props = PublishProperties {
+    let requester = c.client.clone();
+    let get = |props: PublishProperties| {
+        let client = requester.clone();
+        async move {
+            client
+                .publish_with_properties(
+                    REQUEST_TOPIC,
+                    QoS::AtLeastOnce,
+                    false,
+                    resp(&[b"GET", b"k"]),
+                    props,
+                )
+                .await
+                .unwrap();
+        }
+    };
+    get(PublishProperties {
         response_topic: Some("clients/rude/response".into()),
         ..Default::default()
-    };
-    c.client
-        .publish_with_properties(
-            REQUEST_TOPIC,
-            QoS::AtLeastOnce,
-            false,
-            resp(&[b"GET", b"k"]),
-            props,
-        )
-        .await
-        .unwrap();
+    })
+    .await;
     let got = c.drain(Duration::from_millis(500)).await;
     assert!(got.is_empty(), "no answer without correlation data");
     // The server is still serving.
     assert_eq!(&c.call(&[b"GET", b"k"]).await.payload[..], b"$-1\r\n");
     // A response topic inside the notification namespace: the client is disconnected.
-    let props = PublishProperties {
+    get(PublishProperties {
         response_topic: Some(
             "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/x/command/notify/41".into(),
         ),
         correlation_data: Some(Bytes::from_static(b"0123456789abcdef")),
         ..Default::default()
-    };
-    c.client
-        .publish_with_properties(
-            REQUEST_TOPIC,
-            QoS::AtLeastOnce,
-            false,
-            resp(&[b"GET", b"k"]),
-            props,
-        )
-        .await
-        .unwrap();
+    })
+    .await;
     let reason = tokio::time::timeout(TIMEOUT, async {
         loop {
             match c.el.poll().await {
