@@ -47,9 +47,9 @@ export MQKV_BIN="$snapshot"
 failed=()
 for crate in aio-stable aio-beta; do
   manifest="interop/$crate/Cargo.toml"
-  echo "== $crate: cargo test --manifest-path $manifest"
+  echo "== $crate: cargo test --tests --manifest-path $manifest"
   # --locked: the committed Cargo.lock files pin the SDK and every transitive dependency.
-  if ! cargo test --locked --manifest-path "$manifest" --no-fail-fast -- "${test_args[@]}"; then
+  if ! cargo test --locked --tests --manifest-path "$manifest" --no-fail-fast -- "${test_args[@]}"; then
     failed+=("$crate")
   fi
 done

@@ -21,16 +21,20 @@ fi
 # Python packages: paho-mqtt and pytest.
 python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 
-# Rust: unit, property and integration tests (the integration tests start real servers).
+# Build everything first: the Python and SDK suites start the freshly built server.
 cargo build --workspace --all-targets
-if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
-else
-  cargo test --workspace --no-fail-fast
-fi
 
 # Python interop suite against the freshly built server.
 MQKV_BIN="$PWD/target/debug/mqkv" python3 -m pytest tests/python -q
 
 # The official Azure IoT Operations Rust SDK (stable and beta) against the server.
 MQKV_BIN="$PWD/target/debug/mqkv" bash scripts/interop-aio.sh
+
+# Rust: unit, property and integration tests (the integration tests start real servers).
+# Last, so that the run closes with the largest suite's summary.
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
+
