@@ -42,6 +42,21 @@ async fn until_suback(el: &mut EventLoop) -> Vec<rumqttc::v5::mqttbytes::v5::Sub
     .expect("suback in time")
 }
 
+/// Polls a 3.1.1 client until a packet matching `want` arrives.
+async fn v4_until(el: &mut rumqttc::EventLoop, want: impl Fn(&rumqttc::Packet) -> bool) {
+    tokio::time::timeout(TIMEOUT, async {
+        loop {
+            if let rumqttc::Event::Incoming(p) = el.poll().await.expect("poll") {
+                if want(&p) {
+                    break;
+                }
+            }
+        }
+    })
+    .await
+    .expect("packet in time");
+}
+
 /// Polls until `n` PUBACKs have arrived.
 async fn wait_acks(el: &mut EventLoop, n: usize) {
     tokio::time::timeout(TIMEOUT, async {
@@ -117,17 +132,7 @@ async fn v311_and_v5_clients_share_topics_and_retained_messages() {
     old.publish("r/1", rumqttc::QoS::AtLeastOnce, true, "kept")
         .await
         .unwrap();
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            if let rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)) =
-                old_el.poll().await.unwrap()
-            {
-                break;
-            }
-        }
-    })
-    .await
-    .unwrap();
+    v4_until(&mut old_el, |p| matches!(p, rumqttc::Packet::PubAck(_))).await;
     // A v5 subscriber gets it with the retain flag set.
     let (sub, mut sub_el) = v5("new", server.port);
     sub.subscribe("r/+", QoS::AtLeastOnce).await.unwrap();
@@ -138,17 +143,7 @@ async fn v311_and_v5_clients_share_topics_and_retained_messages() {
     old.subscribe("live", rumqttc::QoS::AtLeastOnce)
         .await
         .unwrap();
-    tokio::time::timeout(TIMEOUT, async {
-        loop {
-            if let rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) =
-                old_el.poll().await.unwrap()
-            {
-                break;
-            }
-        }
-    })
-    .await
-    .expect("suback in time");
+    v4_until(&mut old_el, |p| matches!(p, rumqttc::Packet::SubAck(_))).await;
     let pump = drive(sub_el);
     sub.publish("live", QoS::AtLeastOnce, false, "v5->v4")
         .await
