@@ -274,7 +274,7 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
                 }
             }
             "mem-keys" => {
-                for t in [Target::Mqkv, Target::Redis] {
+                for t in [Target::Mqkv, Target::MqkvDisk, Target::Redis] {
                     if has(t) {
                         out.push((t, Job::MemKeys));
                     }

@@ -934,6 +934,24 @@ async fn settle_rss(server: &Server, wait: Duration) -> Result<u64> {
     server.rss_bytes()
 }
 
+/// Resident memory once it holds still: sampled every 250 ms until two
+/// samples in a row agree within 1 % (at most 20 s), so a snapshot being
+/// serialized in the background is not taken for the steady state. Also
+/// returns the highest sample seen on the way.
+async fn steady_rss(server: &Server) -> Result<(u64, u64)> {
+    let mut last = settle_rss(server, Duration::from_secs(1)).await?;
+    let mut peak = last;
+    for _ in 0..80 {
+        let now = settle_rss(server, Duration::from_millis(250)).await?;
+        peak = peak.max(now);
+        if now.abs_diff(last) * 100 <= last {
+            return Ok((now, peak));
+        }
+        last = now;
+    }
+    Ok((last, peak))
+}
+
 pub async fn mem_idle(server: &Server, connections: usize) -> RunResult {
     let mut r = RunResult::new("mem-idle-conns", server.target, connections);
     r.unit = "connects/s".to_owned();
@@ -995,7 +1013,7 @@ pub async fn mem_keys(server: &Server, keys: u64) -> RunResult {
             refused += j.context("loader task")??;
         }
         let took = t0.elapsed();
-        let after = settle_rss(server, Duration::from_secs(1)).await?;
+        let (after, peak) = steady_rss(server).await?;
         let per_key = (after as f64 - before as f64) / keys as f64;
         let payload = (VALUE + key_len()) as f64;
         r.ops = keys;
@@ -1007,6 +1025,7 @@ pub async fn mem_keys(server: &Server, keys: u64) -> RunResult {
         r.extra.insert("value_len".into(), json!(VALUE));
         r.extra.insert("rss_before".into(), json!(before));
         r.extra.insert("rss_after".into(), json!(after));
+        r.extra.insert("rss_peak_after_load".into(), json!(peak));
         r.extra.insert("bytes_per_key".into(), json!(per_key));
         r.extra
             .insert("overhead_bytes_per_key".into(), json!(per_key - payload));

@@ -26,6 +26,10 @@ use crate::topic;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_BATCH: usize = 256 * 1024;
+/// Size of a connection's read buffer, and the room it gets back once less than
+/// [`MIN_READ`] is left.
+const READ_CHUNK: usize = 8 * 1024;
+const MIN_READ: usize = 2 * 1024;
 
 /// Counts the connection as live for as long as it exists.
 struct LiveGuard(Arc<Inner>);
@@ -42,7 +46,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     let _live = LiveGuard(inner.clone());
     let (mut rd, mut wr) = stream.into_split();
     let max_in = inner.config.max_packet_size as usize;
-    let mut buf = BytesMut::with_capacity(8 * 1024);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
 
     let connect = match tokio::time::timeout(
         CONNECT_TIMEOUT,
@@ -492,6 +496,11 @@ impl Conn {
                 }
             }
             let deadline = ka.map(|d| last + d);
+            // Decoded packets split their bytes off the front of `buf`, so its spare room
+            // shrinks; without this a read could fetch a few dozen bytes at a time.
+            if buf.capacity() - buf.len() < MIN_READ {
+                buf.reserve(READ_CHUNK);
+            }
             tokio::select! {
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -25,8 +26,10 @@ pub const MAX_COUNTER: u64 = i32::MAX as u64;
 
 /// One HLC timestamp.
 ///
-/// The derived ordering compares fields in declaration order, and `String`
-/// compares by bytes, which is exactly the protocol's total order.
+/// The derived ordering compares fields in declaration order, and `str`
+/// compares by bytes, which is exactly the protocol's total order. The node
+/// id is shared: every version a clock issues points at the clock's own
+/// copy, so a stored version costs no allocation of its own.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Hlc {
     /// Milliseconds since the Unix epoch.
@@ -34,7 +37,7 @@ pub struct Hlc {
     /// Logical counter within one millisecond.
     pub counter: u64,
     /// Identity of the clock that produced the timestamp; never contains `:`.
-    pub node_id: String,
+    pub node_id: Arc<str>,
 }
 
 /// Why a string is not an HLC.
@@ -59,7 +62,7 @@ impl From<HlcError> for ErrorKind {
 
 impl Hlc {
     /// Builds a timestamp.
-    pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<String>) -> Self {
+    pub fn new(wall_ms: u64, counter: u64, node_id: impl Into<Arc<str>>) -> Self {
         Hlc {
             wall_ms,
             counter,
@@ -89,7 +92,7 @@ impl Hlc {
         Ok(Hlc {
             wall_ms: parse_decimal(ms).ok_or(HlcError::BadWallClock)?,
             counter: parse_decimal(counter).ok_or(HlcError::BadCounter)?,
-            node_id: node_id.to_owned(),
+            node_id: node_id.into(),
         })
     }
 
@@ -142,7 +145,7 @@ impl fmt::Display for Hlc {
 pub struct HlcClock {
     wall_ms: u64,
     counter: u64,
-    node_id: String,
+    node_id: Arc<str>,
 }
 
 impl HlcClock {
@@ -153,7 +156,7 @@ impl HlcClock {
         HlcClock {
             wall_ms: 0,
             counter: 0,
-            node_id: node_id.replace(':', "-"),
+            node_id: node_id.replace(':', "-").into(),
         }
     }
 
@@ -439,7 +442,7 @@ mod tests {
                 if let Some(prev) = &last {
                     prop_assert!(v > *prev, "{} <= previous {}", v, prev);
                 }
-                prop_assert_eq!(v.node_id.as_str(), "srv");
+                prop_assert_eq!(&*v.node_id, "srv");
                 last = Some(v);
             }
         }

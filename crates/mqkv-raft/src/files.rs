@@ -30,10 +30,13 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("mqkv_meta");
 const FORMAT_KEY: &str = "format_version";
 const KIND_KEY: &str = "file_kind";
 
-/// redb's page cache per file. The log is small and mostly written; the
-/// state file is read once at startup and then written a snapshot at a time.
-const LOG_CACHE_BYTES: usize = 64 << 20;
-const STATE_CACHE_BYTES: usize = 128 << 20;
+/// redb's page cache per file, resident memory while the server runs. The
+/// log is small and mostly written, and is read back only right after it
+/// was written; the state file is read once at startup and then written a
+/// snapshot at a time, so caching its pages would only hold a second copy
+/// of data the state machine already has in memory.
+const LOG_CACHE_BYTES: usize = 16 << 20;
+const STATE_CACHE_BYTES: usize = 4 << 20;
 
 /// The two files of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
 use crate::proposer::Proposer;
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
-use crate::state_machine::{AppliedState, StateMachineStore, StateShared};
+use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
 use crate::types::{Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
 use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
@@ -68,17 +68,17 @@ impl Default for NodeOptions {
 /// Cheap to clone; all clones are the same store.
 #[derive(Clone)]
 pub struct StoreNode {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
-    raft: Raft<TypeConfig>,
-    proposer: Proposer,
-    state: Arc<StateShared>,
-    log: Arc<LogShared>,
-    counters: Arc<Counters>,
-    node_id: NodeId,
-    log_path: PathBuf,
+pub(crate) struct Inner {
+    pub(crate) raft: Raft<TypeConfig>,
+    pub(crate) proposer: Proposer,
+    pub(crate) state: Arc<StateShared>,
+    pub(crate) log: Arc<LogShared>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) node_id: NodeId,
+    pub(crate) log_path: PathBuf,
 }
 
 impl Drop for Inner {
@@ -421,6 +421,10 @@ pub(crate) fn recover(
         SnapshotFile::new(state_file.db, state_file.path),
         snapshot,
         counters,
+        match location {
+            Location::Disk(_) => Keep::Data,
+            Location::Memory => Keep::MetaOnly,
+        },
     );
     Ok(Recovered {
         log,

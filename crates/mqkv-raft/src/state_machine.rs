@@ -39,6 +39,18 @@ pub(crate) struct AppliedState {
     pub(crate) membership: Membership,
 }
 
+/// What a snapshot leaves behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// Meta and data, in the state file: what a restart starts from.
+    Data,
+    /// Only the meta, for a store that does not outlive the process. The
+    /// state machine in memory is the only copy of the data; a snapshot is
+    /// serialized only when raft asks for one (to send to another member),
+    /// from the state as it is then.
+    MetaOnly,
+}
+
 /// Shared by the raft state machine worker, snapshot builders and readers.
 pub(crate) struct StateShared {
     state: RwLock<AppliedState>,
@@ -50,6 +62,7 @@ pub(crate) struct StateShared {
     counters: Arc<Counters>,
     /// Meta of the newest snapshot written or installed.
     current: Mutex<Option<SnapshotMeta>>,
+    keep: Keep,
 }
 
 impl StateShared {
@@ -58,6 +71,7 @@ impl StateShared {
         file: SnapshotFile,
         startup_snapshot: Option<(SnapshotMeta, Vec<u8>)>,
         counters: Arc<Counters>,
+        keep: Keep,
     ) -> StateShared {
         let current = startup_snapshot.as_ref().map(|(meta, _)| meta.clone());
         if let Some((_, data)) = &startup_snapshot {
@@ -70,6 +84,7 @@ impl StateShared {
             startup_snapshot: Mutex::new(startup_snapshot),
             counters,
             current: Mutex::new(current),
+            keep,
         }
     }
 
@@ -101,25 +116,39 @@ impl StateShared {
         drop(lock(&self.startup_snapshot).take());
     }
 
-    /// Serializes the applied state and writes it to the state file.
-    fn build_snapshot(&self) -> Result<(SnapshotMeta, Vec<u8>), Failure> {
-        let (meta, data) = {
-            // Apply waits meanwhile (and so may readers queued behind it).
-            let state = self.read();
-            let data = postcard::to_stdvec(&state.machine)
-                .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
-            let built = Counters::get(&self.counters.snapshots_built) + 1;
-            let snapshot_id = match state.last_applied {
-                Some(id) => format!("{}-{}-{built}", id.leader_id, id.index),
-                None => format!("none-{built}"),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: state.last_applied,
-                last_membership: state.membership.clone(),
-                snapshot_id,
-            };
-            (meta, data)
+    /// Serializes the applied state, with the meta describing it.
+    fn serialize(&self) -> Result<(SnapshotMeta, Vec<u8>), Failure> {
+        // Apply waits meanwhile (and so may readers queued behind it).
+        let state = self.read();
+        let data =
+            postcard::to_stdvec(&state.machine).map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+        Ok((self.meta_of(&state), data))
+    }
+
+    fn meta_of(&self, state: &AppliedState) -> SnapshotMeta {
+        let built = Counters::get(&self.counters.snapshots_built) + 1;
+        let snapshot_id = match state.last_applied {
+            Some(id) => format!("{}-{}-{built}", id.leader_id, id.index),
+            None => format!("none-{built}"),
         };
+        SnapshotMeta {
+            last_log_id: state.last_applied,
+            last_membership: state.membership.clone(),
+            snapshot_id,
+        }
+    }
+
+    /// Takes a snapshot: serializes the applied state and writes it to the
+    /// state file, or, with [`Keep::MetaOnly`], only notes how far the
+    /// applied state reaches (so raft may purge the log behind it).
+    fn build_snapshot(&self) -> Result<(SnapshotMeta, Vec<u8>), Failure> {
+        if self.keep == Keep::MetaOnly {
+            let meta = self.meta_of(&self.read());
+            Counters::add(&self.counters.snapshots_built, 1);
+            *lock(&self.current) = Some(meta.clone());
+            return Ok((meta, Vec::new()));
+        }
+        let (meta, data) = self.serialize()?;
         let written = self
             .file
             .save(&meta, &data)
@@ -150,6 +179,14 @@ impl StateShared {
 
     fn current_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, Failure> {
         let current = lock(&self.current).clone();
+        if self.keep == Keep::MetaOnly {
+            // The state now covers at least what the last snapshot covered.
+            if current.is_none() {
+                return Ok(None);
+            }
+            let (meta, data) = self.serialize()?;
+            return Ok(Some(snapshot(meta, data)));
+        }
         if let Some((meta, data)) = lock(&self.startup_snapshot).take() {
             if Some(&meta) == current.as_ref() {
                 return Ok(Some(snapshot(meta, data)));

@@ -9,7 +9,10 @@ use mqkv_protocol::{Command, Hlc, Response, SetCondition};
 use mqkv_store::{Applied, ChangeKind, DedupId, Entry, Op, Request, StateMachine, StoreConfig};
 
 use crate::files::{test_support::set_format_version, FileKind};
+use crate::state_machine::StateMachineStore;
+use crate::stats::Counters;
 use crate::{ApplyHook, NodeOptions, OpenError, StoreNode, WriteError};
+use openraft::storage::RaftStateMachine;
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -330,6 +333,51 @@ async fn snapshots_keep_the_log_short() {
     assert_eq!(snapshot_of(&node), direct);
     assert!(node.stats().snapshot_index.is_some());
     assert!(recorder.seen().is_empty());
+    node.shutdown().await.unwrap();
+}
+
+/// A memory store keeps no serialized copy of its state: its snapshots only
+/// let raft purge the log, and one is serialized when raft asks for it, from
+/// the state as it is then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_snapshots_keep_the_log_short_without_a_copy() {
+    let options = small_snapshots();
+    let bound = 2 * options.snapshot_every + options.logs_kept_after_snapshot;
+    let node = StoreNode::open_memory_with(config(), Recorder::default().hook(), options)
+        .await
+        .expect("open store");
+    let mut direct = StateMachine::new(config());
+    let mut longest = 0;
+    for i in 0..400 {
+        write_both(
+            &node,
+            &mut direct,
+            set(T0 + i, &format!("k{}", i % 50), &format!("v{i}")),
+        )
+        .await;
+        longest = longest.max(node.stats().log_len);
+    }
+    wait_for_snapshot(&node).await;
+    let stats = node.stats();
+    assert!(stats.snapshots_built >= 10, "{stats:?}");
+    assert!(
+        longest <= bound,
+        "log grew to {longest} entries (bound {bound}): {stats:?}"
+    );
+    assert_eq!(Counters::get(&node.inner.counters.snapshot_bytes), 0);
+
+    let mut raft_store = StateMachineStore::new(node.inner.state.clone());
+    let current = raft_store
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .expect("a snapshot once one was taken");
+    let served: StateMachine = postcard::from_bytes(current.snapshot.get_ref()).unwrap();
+    assert_eq!(served, direct);
+    assert_eq!(
+        current.meta.last_log_id.map(|id| id.index),
+        node.stats().applied_index
+    );
     node.shutdown().await.unwrap();
 }
 

@@ -19,6 +19,7 @@
 //!   command gets that command executed, not an unrelated earlier answer.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use mqkv_protocol::{Hlc, Response};
@@ -42,17 +43,63 @@ struct Remembered {
     version: Option<Hlc>,
 }
 
-type Identity = (String, Bytes);
+/// Client id and correlation data in one shared allocation (the id's
+/// length as 4 bytes, the id, the correlation data), held by both indexes.
+/// A copy, never a slice of the request: that would keep the request's
+/// whole read buffer alive for as long as the answer is remembered.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Identity(Arc<[u8]>);
+
+impl Identity {
+    fn new(client_id: &str, correlation: &[u8]) -> Identity {
+        Identity(Arc::from(probe(client_id, correlation)))
+    }
+
+    fn parts(&self) -> (&[u8], &[u8]) {
+        let (len, rest) = self.0.split_at(4);
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        rest.split_at(len)
+    }
+}
+
+impl std::borrow::Borrow<[u8]> for Identity {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// The bytes of an identity, for lookups.
+fn probe(client_id: &str, correlation: &[u8]) -> Vec<u8> {
+    // Client ids are MQTT strings: at most 65,535 bytes.
+    let len = u32::try_from(client_id.len()).unwrap_or(u32::MAX);
+    let mut bytes = Vec::with_capacity(4 + client_id.len() + correlation.len());
+    bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(client_id.as_bytes());
+    bytes.extend_from_slice(correlation);
+    bytes
+}
+
+/// Stored as the pair `(client id, correlation data)`.
+impl Serialize for Identity {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let (client_id, correlation) = self.parts();
+        let client_id = std::str::from_utf8(client_id).map_err(serde::ser::Error::custom)?;
+        (client_id, Bytes::copy_from_slice(correlation)).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Identity {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let (client_id, correlation) = <(String, Bytes)>::deserialize(deserializer)?;
+        Ok(Identity::new(&client_id, &correlation))
+    }
+}
 
 /// The remembered answers, by identity and by expiry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct DedupTable {
     entries: BTreeMap<Identity, Remembered>,
     by_expiry: BTreeSet<(u64, Identity)>,
-}
-
-fn identity(id: &DedupId) -> Identity {
-    (id.client_id.clone(), id.correlation.clone())
 }
 
 impl DedupTable {
@@ -75,7 +122,9 @@ impl DedupTable {
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let remembered = self.entries.get(&identity(id))?;
+        let remembered = self
+            .entries
+            .get(&probe(&id.client_id, &id.correlation)[..])?;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
@@ -94,7 +143,7 @@ impl DedupTable {
         if expires_at_ms <= now_ms {
             return;
         }
-        let key = identity(id);
+        let key = Identity::new(&id.client_id, &id.correlation);
         if let Some(old) = self.entries.remove(&key) {
             self.by_expiry.remove(&(old.expires_at_ms, key.clone()));
         }
@@ -306,7 +355,7 @@ mod tests {
             response: Response::Ok,
             version: None,
         };
-        let key: Identity = ("c".into(), b("x"));
+        let key = Identity::new("c", b"x");
         let list = vec![(key.clone(), remembered(10)), (key, remembered(90))];
         let mut restored: DedupTable =
             postcard::from_bytes(&postcard::to_allocvec(&list).unwrap()).unwrap();

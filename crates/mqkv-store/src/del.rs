@@ -14,14 +14,14 @@ impl StateMachine {
     pub(crate) fn apply_del(&mut self, request: &Request, key: &Bytes, now: u64) -> Applied {
         let mut events = Vec::new();
         self.purge_if_expired(key, now, &mut events);
-        let Some(record) = self.keys.get(key) else {
+        let Some(record) = self.keys.get(&key[..]) else {
             return Applied {
                 response: Response::Integer(0),
                 version: None,
                 events,
             };
         };
-        if let Err(kind) = fencing::check(record.fencing_token.as_ref(), request.ft.as_ref()) {
+        if let Err(kind) = fencing::check(record.fencing_token.as_deref(), request.ft.as_ref()) {
             return Applied {
                 response: Response::Error(kind),
                 version: None,

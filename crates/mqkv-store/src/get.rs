@@ -14,8 +14,12 @@ impl StateMachine {
     /// The value and version of a live key. Pure: expired keys are skipped,
     /// not removed.
     pub fn get(&self, key: &[u8], now_ms: u64) -> Option<(Bytes, Hlc)> {
-        self.live(key, now_ms)
-            .map(|record| (record.value.clone(), record.version.clone()))
+        self.live(key, now_ms).map(|record| {
+            (
+                Bytes::copy_from_slice(&record.value),
+                record.version.clone(),
+            )
+        })
     }
 }
 

@@ -10,6 +10,7 @@
 //!   are strictly increasing over the whole store, hence per key.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::NonZeroU64;
 
 use bytes::Bytes;
 use mqkv_protocol::{Command, ErrorKind, Hlc, HlcClock, Response};
@@ -19,23 +20,32 @@ use crate::dedup::DedupTable;
 use crate::set::SetArgs;
 use crate::{validate, Applied, ChangeEvent, ChangeKind, Entry, Op, Request, StoreConfig};
 
-/// What is stored for one key.
+/// A stored key: its own allocation of exactly its length, never a slice
+/// of the request that carried it (which would keep the whole request, and
+/// the read buffer around it, alive).
+pub(crate) type Key = Box<[u8]>;
+
+/// What is stored for one key. Kept boxed in the key map, so the map's
+/// nodes hold only two pointers per key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
-    pub(crate) value: Bytes,
+    /// An exact-size copy of the value.
+    #[serde(with = "crate::snapshot::boxed_bytes")]
+    pub(crate) value: Box<[u8]>,
     /// Version of the last SET; what GET returns as `__ts`.
     pub(crate) version: Hlc,
     /// Fencing token protecting the key, if any.
-    pub(crate) fencing_token: Option<Hlc>,
+    pub(crate) fencing_token: Option<Box<Hlc>>,
     /// Unix ms at or after which the key no longer exists.
-    pub(crate) expires_at_ms: Option<u64>,
+    pub(crate) expires_at_ms: Option<NonZeroU64>,
 }
 
 impl Record {
     /// A key whose deadline has passed behaves as absent for every command,
     /// even before an `ExpireDue` entry removes it.
     pub(crate) fn is_live(&self, now_ms: u64) -> bool {
-        self.expires_at_ms.is_none_or(|deadline| deadline > now_ms)
+        self.expires_at_ms
+            .is_none_or(|deadline| deadline.get() > now_ms)
     }
 }
 
@@ -50,9 +60,9 @@ pub(crate) fn footprint(key: &[u8], value: &[u8]) -> u64 {
 pub struct StateMachine {
     pub(crate) config: StoreConfig,
     pub(crate) clock: HlcClock,
-    pub(crate) keys: BTreeMap<Bytes, Record>,
+    pub(crate) keys: BTreeMap<Key, Box<Record>>,
     /// `(deadline, key)`, ordered so the next deadline is the first entry.
-    pub(crate) expiry: BTreeSet<(u64, Bytes)>,
+    pub(crate) expiry: BTreeSet<(u64, Key)>,
     pub(crate) stored_bytes: u64,
     pub(crate) dedup: DedupTable,
 }
@@ -75,7 +85,7 @@ impl StateMachine {
     pub(crate) fn from_parts(
         config: StoreConfig,
         clock: HlcClock,
-        keys: BTreeMap<Bytes, Record>,
+        keys: Vec<(Key, Record)>,
         dedup: DedupTable,
     ) -> Self {
         let mut machine = StateMachine {
@@ -86,7 +96,12 @@ impl StateMachine {
             stored_bytes: 0,
             dedup,
         };
-        for (key, record) in keys {
+        let own_node = machine.clock.current().node_id;
+        for (key, mut record) in keys {
+            // Versions issued by this clock share its node id again.
+            if record.version.node_id == own_node {
+                record.version.node_id = own_node.clone();
+            }
             machine.insert(key, record);
         }
         machine
@@ -134,12 +149,12 @@ impl StateMachine {
 
     /// The fencing token protecting a live key.
     pub fn fencing_token(&self, key: &[u8], now_ms: u64) -> Option<&Hlc> {
-        self.live(key, now_ms)?.fencing_token.as_ref()
+        self.live(key, now_ms)?.fencing_token.as_deref()
     }
 
     /// The deadline of a live key, if it has one.
     pub fn expires_at_ms(&self, key: &[u8], now_ms: u64) -> Option<u64> {
-        self.live(key, now_ms)?.expires_at_ms
+        self.live(key, now_ms)?.expires_at_ms.map(NonZeroU64::get)
     }
 
     /// Applies one log entry. Reads no clock: time is `entry.now_ms`.
@@ -211,30 +226,33 @@ impl StateMachine {
 
     /// The record of a key that exists at `now_ms`.
     pub(crate) fn live(&self, key: &[u8], now_ms: u64) -> Option<&Record> {
-        self.keys.get(key).filter(|record| record.is_live(now_ms))
+        self.keys
+            .get(key)
+            .map(|record| &**record)
+            .filter(|record| record.is_live(now_ms))
     }
 
     /// Stores `record` under `key`, replacing any previous one, and keeps
     /// the indexes in step.
-    pub(crate) fn insert(&mut self, key: Bytes, record: Record) {
+    pub(crate) fn insert(&mut self, key: Key, record: Record) {
         self.remove(&key);
         if let Some(deadline) = record.expires_at_ms {
-            self.expiry.insert((deadline, key.clone()));
+            self.expiry.insert((deadline.get(), key.clone()));
         }
         self.stored_bytes += footprint(&key, &record.value);
-        self.keys.insert(key, record);
+        self.keys.insert(key, Box::new(record));
     }
 
     /// Removes a key with its indexes.
-    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Record> {
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Box<Record>> {
         let (key, old) = self.keys.remove_entry(key)?;
         self.forget_indexes(&key, &old);
         Some(old)
     }
 
-    fn forget_indexes(&mut self, key: &Bytes, old: &Record) {
+    fn forget_indexes(&mut self, key: &Key, old: &Record) {
         if let Some(deadline) = old.expires_at_ms {
-            self.expiry.remove(&(deadline, key.clone()));
+            self.expiry.remove(&(deadline.get(), key.clone()));
         }
         self.stored_bytes -= footprint(key, &old.value);
     }
@@ -247,12 +265,10 @@ impl StateMachine {
         request_ts: Option<&Hlc>,
         events: &mut Vec<ChangeEvent>,
     ) -> Option<Hlc> {
-        let (key, _) = self.keys.get_key_value(key)?;
-        let key = key.clone();
-        self.remove(&key);
+        self.remove(key)?;
         let version = self.clock.next_version(now, request_ts);
         events.push(ChangeEvent {
-            key,
+            key: Bytes::copy_from_slice(key),
             kind: ChangeKind::Delete,
             version: version.clone(),
         });
@@ -333,10 +349,10 @@ pub(crate) mod test_support {
     pub(crate) fn assert_indexes_consistent(m: &StateMachine) {
         let bytes: u64 = m.keys.iter().map(|(k, r)| footprint(k, &r.value)).sum();
         assert_eq!(m.stored_bytes, bytes);
-        let expiry: BTreeSet<(u64, Bytes)> = m
+        let expiry: BTreeSet<(u64, Key)> = m
             .keys
             .iter()
-            .filter_map(|(k, r)| r.expires_at_ms.map(|d| (d, k.clone())))
+            .filter_map(|(k, r)| r.expires_at_ms.map(|d| (d.get(), k.clone())))
             .collect();
         assert_eq!(m.expiry, expiry);
     }
@@ -350,22 +366,23 @@ mod tests {
     #[test]
     fn insert_and_remove_keep_indexes_in_step() {
         let mut m = machine();
-        let record = |value: &str, deadline| Record {
-            value: b(value),
+        let k = |key: &str| -> Key { key.as_bytes().into() };
+        let record = |value: &str, deadline: Option<u64>| Record {
+            value: value.as_bytes().into(),
             version: Hlc::new(1, 0, "srv"),
             fencing_token: None,
-            expires_at_ms: deadline,
+            expires_at_ms: deadline.and_then(NonZeroU64::new),
         };
-        m.insert(b("a"), record("xyz", Some(10)));
-        m.insert(b("b"), record("", None));
+        m.insert(k("a"), record("xyz", Some(10)));
+        m.insert(k("b"), record("", None));
         assert_eq!(m.stored_bytes(), 5);
         assert_indexes_consistent(&m);
         // Same deadline again, then a different one, then none.
-        m.insert(b("a"), record("xy", Some(10)));
+        m.insert(k("a"), record("xy", Some(10)));
         assert_indexes_consistent(&m);
-        m.insert(b("a"), record("x", Some(20)));
+        m.insert(k("a"), record("x", Some(20)));
         assert_indexes_consistent(&m);
-        m.insert(b("a"), record("x", None));
+        m.insert(k("a"), record("x", None));
         assert_indexes_consistent(&m);
         assert!(m.expiry.is_empty());
         assert!(m.remove(b"a").is_some());
@@ -431,6 +448,6 @@ mod tests {
             .apply(&entry(5, set_cmd("k", "v", None, None), None))
             .version
             .unwrap();
-        assert_eq!(v.node_id, "node-7");
+        assert_eq!(&*v.node_id, "node-7");
     }
 }

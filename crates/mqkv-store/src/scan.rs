@@ -55,7 +55,7 @@ impl StateMachine {
             examined += 1;
             last = Some(key);
             if record.is_live(now_ms) && glob.matches(key) {
-                keys.push(key.clone());
+                keys.push(Bytes::copy_from_slice(key));
             }
             if keys.len() >= page_size || examined >= budget {
                 break;

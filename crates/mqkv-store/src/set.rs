@@ -12,10 +12,12 @@
 //!   deadline, as in Redis — so an NEX renewal must repeat its PX to keep
 //!   the key expiring, which is what every lease helper does.
 
+use std::num::NonZeroU64;
+
 use bytes::Bytes;
 use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
 
-use crate::machine::Record;
+use crate::machine::{Key, Record};
 use crate::{fencing, Applied, ChangeEvent, ChangeKind, Request, StateMachine};
 
 /// The arguments of one SET, borrowed from its command.
@@ -55,14 +57,14 @@ impl StateMachine {
             px_ms,
         } = *set;
         // After the purge above, a stored record is a live one.
-        let existing = self.keys.get(key);
-        let stored_token = existing.and_then(|r| r.fencing_token.as_ref());
+        let existing = self.keys.get(&key[..]);
+        let stored_token = existing.and_then(|r| r.fencing_token.as_deref());
         fencing::check(stored_token, request.ft.as_ref())?;
 
         if let Some(existing) = existing {
             let refused = match condition {
                 Some(SetCondition::Nx) => true,
-                Some(SetCondition::Nex) => existing.value != *value,
+                Some(SetCondition::Nex) => *existing.value != **value,
                 None => false,
             };
             if refused {
@@ -75,12 +77,13 @@ impl StateMachine {
 
         let version = self.clock.next_version(now, request.ts.as_ref());
         self.insert(
-            key.clone(),
+            Key::from(&key[..]),
             Record {
-                value: value.clone(),
+                value: Box::from(&value[..]),
                 version: version.clone(),
-                fencing_token,
-                expires_at_ms: px_ms.map(|px| now.saturating_add(px)),
+                fencing_token: fencing_token.map(Box::new),
+                // PX is at least 1, so a deadline is never 0.
+                expires_at_ms: px_ms.and_then(|px| NonZeroU64::new(now.saturating_add(px))),
             },
         );
         events.push(ChangeEvent {

@@ -13,7 +13,7 @@ use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::dedup::DedupTable;
-use crate::machine::Record;
+use crate::machine::{Key, Record};
 use crate::{StateMachine, StoreConfig};
 
 /// Bumped whenever the snapshot layout changes, so an old binary refuses a
@@ -29,13 +29,44 @@ struct SnapshotRef<'a> {
     dedup: &'a DedupTable,
 }
 
-struct KeysRef<'a>(&'a std::collections::BTreeMap<Bytes, Record>);
+struct KeysRef<'a>(&'a std::collections::BTreeMap<Key, Box<Record>>);
 
 impl Serialize for KeysRef<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         // A sequence of pairs rather than a map: keys are bytes, which
         // self-describing formats such as JSON cannot use as map keys.
-        serializer.collect_seq(self.0.iter())
+        serializer.collect_seq(
+            self.0
+                .iter()
+                .map(|(key, record)| (BytesRef(key), &**record)),
+        )
+    }
+}
+
+/// A byte string serialized as bytes (not as a sequence of numbers): the
+/// encoding of `Bytes`, so the snapshot format does not depend on how keys
+/// and values are held in memory.
+struct BytesRef<'a>(&'a [u8]);
+
+impl Serialize for BytesRef<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// `#[serde(with)]` for a `Box<[u8]>` stored with the encoding of `Bytes`.
+pub(crate) mod boxed_bytes {
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(value)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Box<[u8]>, D::Error> {
+        Bytes::deserialize(deserializer).map(|bytes| Vec::from(bytes).into_boxed_slice())
     }
 }
 
@@ -73,7 +104,11 @@ impl<'de> Deserialize<'de> for StateMachine {
         Ok(StateMachine::from_parts(
             snapshot.config,
             snapshot.clock,
-            snapshot.keys.into_iter().collect(),
+            snapshot
+                .keys
+                .into_iter()
+                .map(|(key, record)| (Key::from(&key[..]), record))
+                .collect(),
             snapshot.dedup,
         ))
     }

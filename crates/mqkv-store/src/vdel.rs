@@ -20,26 +20,27 @@ impl StateMachine {
     ) -> Applied {
         let mut events = Vec::new();
         self.purge_if_expired(key, now, &mut events);
-        let Some(record) = self.keys.get(key) else {
+        let Some(record) = self.keys.get(&key[..]) else {
             return Applied {
                 response: Response::Integer(0),
                 version: None,
                 events,
             };
         };
-        let response =
-            if let Err(kind) = fencing::check(record.fencing_token.as_ref(), request.ft.as_ref()) {
-                Response::Error(kind)
-            } else if record.value != *value {
-                Response::NotApplied
-            } else {
-                let version = self.delete_with_event(key, now, request.ts.as_ref(), &mut events);
-                return Applied {
-                    response: Response::Integer(1),
-                    version,
-                    events,
-                };
+        let response = if let Err(kind) =
+            fencing::check(record.fencing_token.as_deref(), request.ft.as_ref())
+        {
+            Response::Error(kind)
+        } else if *record.value != **value {
+            Response::NotApplied
+        } else {
+            let version = self.delete_with_event(key, now, request.ts.as_ref(), &mut events);
+            return Applied {
+                response: Response::Integer(1),
+                version,
+                events,
             };
+        };
         Applied {
             response,
             version: None,

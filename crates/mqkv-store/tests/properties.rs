@@ -206,7 +206,7 @@ proptest! {
                 if let Some(previous) = last.get(&event.key) {
                     prop_assert!(event.version > *previous, "{} after {}", event.version, previous);
                 }
-                prop_assert_eq!(event.version.node_id.as_str(), "srv");
+                prop_assert_eq!(&*event.version.node_id, "srv");
                 last.insert(event.key.clone(), event.version.clone());
             }
             if let Op::Request(request) = &entry.op {

@@ -3,6 +3,11 @@
 
 mod cli;
 
+/// mimalloc: fewer cycles per allocation than glibc's malloc on the request path, and
+/// memory freed after a snapshot goes back to the system instead of staying resident.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
