@@ -343,8 +343,17 @@ impl Inner {
             self.touch();
         }
         for (session, d) in targets {
-            if session.enqueue(d, limits) == Enqueued::Dropped {
+            let (queued, direct) = session.enqueue_direct(d, limits);
+            if queued == Enqueued::Dropped {
                 tracing::debug!(client_id = %session.client_id, "queue full: message dropped");
+            }
+            if let Some(direct) = direct {
+                crate::connection::write_ready(
+                    &session,
+                    direct.conn_id,
+                    &direct.writer,
+                    &direct.notify,
+                );
             }
         }
         n

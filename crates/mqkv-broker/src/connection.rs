@@ -15,6 +15,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use crate::auth::AuthRequest;
 use crate::broker::{identity, Inner};
@@ -243,6 +244,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         half: wr,
         pending: BytesMut::new(),
     }));
+    session.set_writer(conn_id, wr.clone());
     let writer = tokio::spawn(write_loop(
         session.clone(),
         conn_id,
@@ -325,12 +327,50 @@ async fn read_connect(
 
 /// The write side, shared by the writer task and the reader's inline flush: the socket half
 /// and bytes encoded but not yet written.
-struct WriteState {
+pub(crate) struct WriteState {
     half: OwnedWriteHalf,
     pending: BytesMut,
 }
 
-type Writer = Arc<tokio::sync::Mutex<WriteState>>;
+impl std::fmt::Debug for WriteState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteState")
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection's write half and what is waiting to go out on it. Its writer task holds the
+/// lock while it waits for the socket; other tasks only ever `try_lock` it.
+pub(crate) type Writer = Arc<tokio::sync::Mutex<WriteState>>;
+
+/// Writes what session `conn_id` has ready, from the calling task, as far as the socket takes it
+/// without waiting. The rest, and anything unusual (closing, takeover, a busy writer), is left to
+/// the writer task, woken through `notify`.
+pub(crate) fn write_ready(session: &Session, conn_id: u64, wr: &Writer, notify: &Notify) {
+    let Ok(mut guard) = wr.try_lock() else {
+        notify.notify_one();
+        return;
+    };
+    let w = &mut *guard;
+    if !w.pending.is_empty() {
+        notify.notify_one();
+        return;
+    }
+    if session.drain(conn_id, &mut w.pending, WRITE_BATCH) != Some(false) {
+        notify.notify_one();
+        return;
+    }
+    while !w.pending.is_empty() {
+        match w.half.try_write(&w.pending) {
+            Ok(n) if n > 0 => w.pending.advance(n),
+            _ => break,
+        }
+    }
+    if !w.pending.is_empty() || session.has_ready(conn_id) {
+        notify.notify_one();
+    }
+}
 
 /// Writes everything the session has ready for this connection, waiting for the socket as
 /// needed. Returns true when the connection is finished (closed, taken over, or failed).
@@ -435,32 +475,7 @@ impl Conn {
     /// response it belongs with into one write.
     fn flush_inline(&self) {
         self.session.set_deferred(self.conn_id, false);
-        let Ok(mut guard) = self.wr.try_lock() else {
-            self.notify.notify_one();
-            return;
-        };
-        let w = &mut *guard;
-        if !w.pending.is_empty() {
-            self.notify.notify_one();
-            return;
-        }
-        if self
-            .session
-            .drain(self.conn_id, &mut w.pending, WRITE_BATCH)
-            != Some(false)
-        {
-            self.notify.notify_one();
-            return;
-        }
-        while !w.pending.is_empty() {
-            match w.half.try_write(&w.pending) {
-                Ok(n) if n > 0 => w.pending.advance(n),
-                _ => break,
-            }
-        }
-        if !w.pending.is_empty() || self.session.has_ready(self.conn_id) {
-            self.notify.notify_one();
-        }
+        write_ready(&self.session, self.conn_id, &self.wr, &self.notify);
     }
 
     /// Queues DISCONNECT (MQTT 5) and makes the writer close after flushing.

@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 
 use crate::codec::{self, Packet, Properties, Publish, QoS, SubscriptionOptions};
 use crate::config::QueueFullPolicy;
+use crate::connection::Writer;
 
 /// A published message as routed: shared by every session that receives it.
 #[derive(Debug)]
@@ -97,6 +98,16 @@ pub struct Link {
     /// The connection's reader is handling a batch of packets and will flush what is queued
     /// when it is done, so queueing need not wake the writer task.
     deferred: bool,
+    /// The connection's socket, for writing queued output from the task that queued it.
+    writer: Option<Writer>,
+}
+
+/// What a task needs to write a connection's queued output itself (see
+/// [`Session::enqueue_direct`]).
+pub(crate) struct Direct {
+    pub(crate) conn_id: u64,
+    pub(crate) writer: Writer,
+    pub(crate) notify: Arc<Notify>,
 }
 
 impl Link {
@@ -128,6 +139,7 @@ impl Link {
             closing: false,
             resend: true,
             deferred: false,
+            writer: None,
         }
     }
 }
@@ -188,17 +200,33 @@ impl Session {
 
     /// Queues a message and wakes the connection, if any.
     pub fn enqueue(&self, d: Delivery, limits: QueueLimits) -> Enqueued {
+        self.queue(d, limits, false).0
+    }
+
+    /// Queues a message like [`Session::enqueue`], but when the connection's writer could take
+    /// it straight away, returns the writer instead of waking the writer task: the caller then
+    /// writes it with [`crate::connection::write_ready`], which saves a task hand-off per
+    /// message and gets the message out before the caller's own acknowledgements.
+    pub(crate) fn enqueue_direct(
+        &self,
+        d: Delivery,
+        limits: QueueLimits,
+    ) -> (Enqueued, Option<Direct>) {
+        self.queue(d, limits, true)
+    }
+
+    fn queue(&self, d: Delivery, limits: QueueLimits, direct: bool) -> (Enqueued, Option<Direct>) {
         let mut st = self.state.lock();
         let offline = st.link.is_none();
         if offline && d.qos == QoS::AtMostOnce {
             // QoS 0 messages are not kept for disconnected sessions.
-            return Enqueued::Dropped;
+            return (Enqueued::Dropped, None);
         }
         let mut result = Enqueued::Yes;
         if st.queue.len() >= limits.max_queued {
             st.dropped_messages += 1;
             match limits.policy {
-                QueueFullPolicy::DropNew => return Enqueued::Dropped,
+                QueueFullPolicy::DropNew => return (Enqueued::Dropped, None),
                 QueueFullPolicy::DropOldest => {
                     st.queue.pop_front();
                     result = Enqueued::Dropped;
@@ -206,10 +234,29 @@ impl Session {
             }
         }
         st.queue.push_back(d);
-        if let Some(link) = &st.link {
-            link.wake();
+        let Some(link) = &st.link else {
+            return (result, None);
+        };
+        if direct && !link.deferred && !link.closing {
+            if let Some(writer) = &link.writer {
+                let handle = Direct {
+                    conn_id: link.conn_id,
+                    writer: writer.clone(),
+                    notify: link.notify.clone(),
+                };
+                return (result, Some(handle));
+            }
         }
-        result
+        link.wake();
+        (result, None)
+    }
+
+    /// Lets other tasks write connection `conn_id`'s output through `writer`.
+    pub(crate) fn set_writer(&self, conn_id: u64, writer: Writer) {
+        let mut st = self.state.lock();
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
+            link.writer = Some(writer);
+        }
     }
 
     /// Queues a control packet (acks, SUBACK, DISCONNECT, ...) for the given connection.
