@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::codec::{self, Packet, Properties, Publish, QoS, SubscriptionOptions};
+use crate::codec::{self, Packet, PerReceiver, Properties, PublishRef, QoS, SubscriptionOptions};
 use crate::config::QueueFullPolicy;
 use crate::connection::Writer;
 
@@ -352,7 +352,7 @@ impl Session {
                 match inf {
                     Inflight::Publish(d) => {
                         if let Some(p) = build_publish(d, *id, true, now, link) {
-                            Packet::Publish(p).encode(out, level);
+                            p.encode(out, level);
                         }
                     }
                     Inflight::Released => Packet::PubRel(codec::Ack {
@@ -384,7 +384,7 @@ impl Session {
                 // Larger than the client accepts: discarded as if delivered [MQTT-3.1.2-25].
                 continue;
             };
-            Packet::Publish(p).encode(out, level);
+            p.encode(out, level);
             if d.qos != QoS::AtMostOnce {
                 st.inflight.push_back((packet_id, Inflight::Publish(d)));
             }
@@ -420,44 +420,47 @@ fn next_id(counter: &mut u16, inflight: &VecDeque<(u16, Inflight)>) -> u16 {
     }
 }
 
-/// Builds the PUBLISH one session receives, or `None` if it exceeds the client's maximum size.
-fn build_publish(
-    d: &Delivery,
+/// The PUBLISH one session receives, or `None` if it exceeds the client's maximum size. It
+/// borrows the message: nothing of it is copied until it is encoded.
+fn build_publish<'a>(
+    d: &'a Delivery,
     packet_id: u16,
     dup: bool,
     now: Instant,
     link: &mut Link,
-) -> Option<Publish> {
-    let m = &d.message;
-    let mut p = Publish {
+) -> Option<PublishRef<'a>> {
+    let m = &*d.message;
+    let mut p = PublishRef {
         dup,
         qos: d.qos,
         retain: d.retain,
-        topic: m.topic.clone(),
+        topic: &m.topic,
         packet_id,
-        properties: Properties::default(),
-        payload: m.payload.clone(),
+        properties: &m.properties,
+        per_receiver: PerReceiver {
+            message_expiry_interval: m.remaining_expiry(now),
+            subscription_identifiers: &d.subscription_ids,
+            topic_alias: None,
+        },
+        payload: &m.payload,
     };
     if link.protocol_level == codec::V5 {
-        p.properties = m.properties.clone();
-        p.properties.message_expiry_interval = m.remaining_expiry(now);
-        p.properties.subscription_identifiers = d.subscription_ids.clone();
-        if codec::publish_size(&p, link.protocol_level) > link.max_packet_size {
+        if p.size(link.protocol_level) > link.max_packet_size {
             return None;
         }
         if link.topic_alias_maximum > 0 {
-            if let Some(alias) = link.aliases.get(&p.topic) {
-                p.properties.topic_alias = Some(*alias);
-                p.topic = String::new();
+            if let Some(alias) = link.aliases.get(&m.topic) {
+                p.per_receiver.topic_alias = Some(*alias);
+                p.topic = "";
             } else if link.aliases.len() < usize::from(link.topic_alias_maximum) {
                 let alias = (link.aliases.len() + 1) as u16;
-                link.aliases.insert(p.topic.clone(), alias);
-                p.properties.topic_alias = Some(alias);
+                link.aliases.insert(m.topic.clone(), alias);
+                p.per_receiver.topic_alias = Some(alias);
             }
         }
         return Some(p);
     }
-    if codec::publish_size(&p, link.protocol_level) > link.max_packet_size {
+    if p.size(link.protocol_level) > link.max_packet_size {
         return None;
     }
     Some(p)

@@ -5,7 +5,11 @@
 //! how many subscriptions exist. Shared subscription groups sit beside plain subscribers at the
 //! leaf of their filter; each group keeps a round-robin cursor so matching picks one member.
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+
+/// Topic levels and client ids come from clients: a seeded hasher, but a faster one than
+/// SipHash, since every publish looks up one map per topic level.
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -60,9 +64,9 @@ struct Node<T> {
 impl<T> Default for Node<T> {
     fn default() -> Self {
         Node {
-            children: HashMap::new(),
-            direct: HashMap::new(),
-            shared: HashMap::new(),
+            children: HashMap::default(),
+            direct: HashMap::default(),
+            shared: HashMap::default(),
         }
     }
 }
@@ -185,34 +189,32 @@ impl<T> SubTree<T> {
 
     /// Collects every subscription matching `topic`.
     pub fn matches<'a>(&'a self, topic: &str, out: &mut Matches<'a, T>) {
-        let levels: Vec<&str> = topic.split('/').collect();
-        let dollar = topic.starts_with('$');
-        Self::walk(&self.root, &levels, 0, dollar, out);
+        // Wildcards at the first level do not match topics starting with `$`.
+        let wild_first = !topic.starts_with('$');
+        Self::walk(&self.root, Some(topic), wild_first, out);
     }
 
-    fn walk<'a>(
-        node: &'a Node<T>,
-        levels: &[&str],
-        depth: usize,
-        dollar: bool,
-        out: &mut Matches<'a, T>,
-    ) {
-        let wild_ok = !(dollar && depth == 0);
+    /// Matches the levels left in `rest` (`None` once every level is used) below `node`.
+    fn walk<'a>(node: &'a Node<T>, rest: Option<&str>, wild_ok: bool, out: &mut Matches<'a, T>) {
         if wild_ok {
             if let Some(hash) = node.children.get("#") {
                 Self::collect(hash, out);
             }
         }
-        let Some((level, rest)) = levels.split_first() else {
+        let Some(rest) = rest else {
             Self::collect(node, out);
             return;
         };
-        if let Some(child) = node.children.get(*level) {
-            Self::walk(child, rest, depth + 1, dollar, out);
+        let (level, tail) = match rest.split_once('/') {
+            Some((level, tail)) => (level, Some(tail)),
+            None => (rest, None),
+        };
+        if let Some(child) = node.children.get(level) {
+            Self::walk(child, tail, true, out);
         }
         if wild_ok {
             if let Some(child) = node.children.get("+") {
-                Self::walk(child, rest, depth + 1, dollar, out);
+                Self::walk(child, tail, true, out);
             }
         }
     }

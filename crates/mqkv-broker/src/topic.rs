@@ -55,6 +55,9 @@ pub fn parse_filter(f: &str) -> Option<FilterSpec<'_>> {
 /// Whether `filter` matches `topic`. Topics starting with `$` are not matched by a filter whose
 /// first level is a wildcard.
 pub fn matches(filter: &str, topic: &str) -> bool {
+    if !filter.contains(['+', '#']) {
+        return filter == topic;
+    }
     if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
         return false;
     }

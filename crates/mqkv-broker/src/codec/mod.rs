@@ -14,7 +14,7 @@ pub mod reason;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-pub use props::{PropContext, Properties};
+pub use props::{PerReceiver, PropContext, Properties};
 
 /// Protocol level byte of MQTT 3.1.1.
 pub const V311: u8 = 4;
@@ -616,19 +616,79 @@ fn put_header(out: &mut BytesMut, header: u8, remaining: usize) {
 
 /// Size of a PUBLISH on the wire, for checks against the receiver's maximum packet size.
 pub fn publish_size(p: &Publish, level: u8) -> usize {
-    let remaining = publish_remaining(p, level);
-    1 + varint_len(remaining) + remaining
+    PublishRef::new(p).size(level)
 }
 
-fn publish_remaining(p: &Publish, level: u8) -> usize {
-    let mut n = 2 + p.topic.len() + p.payload.len();
-    if p.qos != QoS::AtMostOnce {
-        n += 2;
+/// A PUBLISH to encode, borrowing its parts, with the per-receiver properties given apart from
+/// the rest: what a broker sends each subscriber of one message.
+#[derive(Debug, Clone, Copy)]
+pub struct PublishRef<'a> {
+    pub dup: bool,
+    pub qos: QoS,
+    pub retain: bool,
+    /// Empty when a topic alias stands for the topic.
+    pub topic: &'a str,
+    pub packet_id: u16,
+    pub properties: &'a Properties,
+    pub per_receiver: PerReceiver<'a>,
+    pub payload: &'a [u8],
+}
+
+impl<'a> PublishRef<'a> {
+    /// The PUBLISH exactly as `p` has it.
+    pub fn new(p: &'a Publish) -> PublishRef<'a> {
+        PublishRef {
+            dup: p.dup,
+            qos: p.qos,
+            retain: p.retain,
+            topic: &p.topic,
+            packet_id: p.packet_id,
+            properties: &p.properties,
+            per_receiver: PerReceiver {
+                message_expiry_interval: p.properties.message_expiry_interval,
+                subscription_identifiers: &p.properties.subscription_identifiers,
+                topic_alias: p.properties.topic_alias,
+            },
+            payload: &p.payload,
+        }
     }
-    if level == V5 {
-        n += p.properties.encoded_len();
+
+    fn remaining(&self, level: u8) -> usize {
+        let mut n = 2 + self.topic.len() + self.payload.len();
+        if self.qos != QoS::AtMostOnce {
+            n += 2;
+        }
+        if level == V5 {
+            n += self.properties.encoded_len_with(&self.per_receiver);
+        }
+        n
     }
-    n
+
+    /// The whole packet's size on the wire.
+    pub fn size(&self, level: u8) -> usize {
+        let remaining = self.remaining(level);
+        1 + varint_len(remaining) + remaining
+    }
+
+    /// Appends the packet to `out`, as the given protocol level spells it.
+    pub fn encode(&self, out: &mut BytesMut, level: u8) {
+        let mut h = 0x30 | ((self.qos as u8) << 1);
+        if self.dup {
+            h |= 0x08;
+        }
+        if self.retain {
+            h |= 0x01;
+        }
+        put_header(out, h, self.remaining(level));
+        write_bin(out, self.topic.as_bytes());
+        if self.qos != QoS::AtMostOnce {
+            out.put_u16(self.packet_id);
+        }
+        if level == V5 {
+            self.properties.encode_with(out, &self.per_receiver);
+        }
+        out.put_slice(self.payload);
+    }
 }
 
 impl Packet {
@@ -650,24 +710,7 @@ impl Packet {
                     c.properties.encode(out);
                 }
             }
-            Packet::Publish(p) => {
-                let mut h = 0x30 | ((p.qos as u8) << 1);
-                if p.dup {
-                    h |= 0x08;
-                }
-                if p.retain {
-                    h |= 0x01;
-                }
-                put_header(out, h, publish_remaining(p, level));
-                write_bin(out, p.topic.as_bytes());
-                if p.qos != QoS::AtMostOnce {
-                    out.put_u16(p.packet_id);
-                }
-                if v5 {
-                    p.properties.encode(out);
-                }
-                out.put_slice(&p.payload);
-            }
+            Packet::Publish(p) => PublishRef::new(p).encode(out, level),
             Packet::PubAck(a) => encode_ack(out, 0x40, a, v5),
             Packet::PubRec(a) => encode_ack(out, 0x50, a, v5),
             Packet::PubRel(a) => encode_ack(out, 0x62, a, v5),

@@ -83,6 +83,16 @@ fn allowed(ctx: PropContext, id: u8) -> bool {
     }
 }
 
+/// The properties of a PUBLISH that differ from one receiver to the next. Encoding a message
+/// for a receiver with these in place of the message's own values needs no copy of the
+/// message's properties.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerReceiver<'a> {
+    pub message_expiry_interval: Option<u32>,
+    pub subscription_identifiers: &'a [u32],
+    pub topic_alias: Option<u16>,
+}
+
 /// Every MQTT 5 property; `None` or empty means absent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Properties {
@@ -239,17 +249,31 @@ impl Properties {
 
     /// Encoded length of the properties, without the length prefix.
     pub fn body_len(&self) -> usize {
+        self.body_len_with(&self.per_receiver())
+    }
+
+    /// The values [`PerReceiver`] can stand in for, as this block has them.
+    fn per_receiver(&self) -> PerReceiver<'_> {
+        PerReceiver {
+            message_expiry_interval: self.message_expiry_interval,
+            subscription_identifiers: &self.subscription_identifiers,
+            topic_alias: self.topic_alias,
+        }
+    }
+
+    /// Encoded length with `over` in place of the block's own per-receiver values.
+    pub fn body_len_with(&self, over: &PerReceiver<'_>) -> usize {
         let s = |v: &Option<String>| v.as_ref().map_or(0, |s| 3 + s.len());
         let b = |v: &Option<Bytes>| v.as_ref().map_or(0, |s| 3 + s.len());
         let n1 = |v: &Option<u8>| v.map_or(0, |_| 2);
         let n2 = |v: &Option<u16>| v.map_or(0, |_| 3);
         let n4 = |v: &Option<u32>| v.map_or(0, |_| 5);
         n1(&self.payload_format_indicator)
-            + n4(&self.message_expiry_interval)
+            + n4(&over.message_expiry_interval)
             + s(&self.content_type)
             + s(&self.response_topic)
             + b(&self.correlation_data)
-            + self
+            + over
                 .subscription_identifiers
                 .iter()
                 .map(|v| 1 + varint_len(*v as usize))
@@ -267,7 +291,7 @@ impl Properties {
             + s(&self.reason_string)
             + n2(&self.receive_maximum)
             + n2(&self.topic_alias_maximum)
-            + n2(&self.topic_alias)
+            + n2(&over.topic_alias)
             + n1(&self.maximum_qos)
             + n1(&self.retain_available)
             + self
@@ -289,7 +313,20 @@ impl Properties {
 
     /// Writes the property block, length prefix first.
     pub fn encode(&self, out: &mut BytesMut) {
-        super::write_varint(out, self.body_len());
+        self.encode_with(out, &self.per_receiver());
+    }
+
+    /// Encoded length with `over` in place of the block's own per-receiver values, length
+    /// prefix included.
+    pub fn encoded_len_with(&self, over: &PerReceiver<'_>) -> usize {
+        let n = self.body_len_with(over);
+        varint_len(n) + n
+    }
+
+    /// Writes the property block with `over` in place of the block's own per-receiver values,
+    /// length prefix first.
+    pub fn encode_with(&self, out: &mut BytesMut, over: &PerReceiver<'_>) {
+        super::write_varint(out, self.body_len_with(over));
         fn s(out: &mut BytesMut, id: u8, v: &Option<String>) {
             if let Some(v) = v {
                 out.put_u8(id);
@@ -321,11 +358,11 @@ impl Properties {
             }
         }
         n1(out, PAYLOAD_FORMAT_INDICATOR, self.payload_format_indicator);
-        n4(out, MESSAGE_EXPIRY_INTERVAL, self.message_expiry_interval);
+        n4(out, MESSAGE_EXPIRY_INTERVAL, over.message_expiry_interval);
         s(out, CONTENT_TYPE, &self.content_type);
         s(out, RESPONSE_TOPIC, &self.response_topic);
         b(out, CORRELATION_DATA, &self.correlation_data);
-        for id in &self.subscription_identifiers {
+        for id in over.subscription_identifiers {
             out.put_u8(SUBSCRIPTION_IDENTIFIER);
             super::write_varint(out, *id as usize);
         }
@@ -354,7 +391,7 @@ impl Properties {
         s(out, REASON_STRING, &self.reason_string);
         n2(out, RECEIVE_MAXIMUM, self.receive_maximum);
         n2(out, TOPIC_ALIAS_MAXIMUM, self.topic_alias_maximum);
-        n2(out, TOPIC_ALIAS, self.topic_alias);
+        n2(out, TOPIC_ALIAS, over.topic_alias);
         n1(out, MAXIMUM_QOS, self.maximum_qos);
         n1(out, RETAIN_AVAILABLE, self.retain_available);
         for (k, v) in &self.user_properties {
