@@ -21,6 +21,7 @@ use crate::service::{ClientIdentity, OutboundMessage, Service};
 use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Session};
 use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
 use crate::topic;
+use smallvec::SmallVec;
 
 struct ServiceClaim {
     filters: Vec<String>,
@@ -271,13 +272,13 @@ impl Inner {
         if msg.retain {
             self.retain(msg.clone());
         }
-        let mut targets: Vec<(Arc<Session>, Delivery)> = Vec::new();
+        let mut targets: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         {
             let subs = self.subs.read();
             let mut m: Matches<'_, Arc<Session>> = Matches::default();
             subs.matches(&msg.topic, &mut m);
             let publisher = msg.publisher.as_deref();
-            let mut direct: Vec<(&ClientId, &SubEntry, &Arc<Session>)> = m
+            let mut direct: SmallVec<[(&ClientId, &SubEntry, &Arc<Session>); 4]> = m
                 .direct
                 .iter()
                 .filter(|(c, (e, _))| !(e.options.no_local && Some(&***c) == publisher))

@@ -7,6 +7,8 @@
 
 use std::collections::HashMap as StdHashMap;
 
+use smallvec::SmallVec;
+
 /// Topic levels and client ids come from clients: a seeded hasher, but a faster one than
 /// SipHash, since every publish looks up one map per topic level.
 type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
@@ -59,6 +61,10 @@ struct Node<T> {
     children: HashMap<Box<str>, Node<T>>,
     direct: HashMap<ClientId, (SubEntry, T)>,
     shared: HashMap<Box<str>, SharedGroup<T>>,
+    /// Whether `children` holds `+` / `#`, so matching skips looking them up where they are
+    /// not (most levels of most trees).
+    has_plus: bool,
+    has_hash: bool,
 }
 
 impl<T> Default for Node<T> {
@@ -67,6 +73,8 @@ impl<T> Default for Node<T> {
             children: HashMap::default(),
             direct: HashMap::default(),
             shared: HashMap::default(),
+            has_plus: false,
+            has_hash: false,
         }
     }
 }
@@ -78,16 +86,17 @@ impl<T> Node<T> {
 }
 
 /// What a topic matched: plain subscribers and shared groups (one member of each receives).
+/// Most publishes match a handful of subscriptions: those fit without an allocation.
 pub struct Matches<'a, T> {
-    pub direct: Vec<(&'a ClientId, &'a (SubEntry, T))>,
-    pub shared: Vec<&'a SharedGroup<T>>,
+    pub direct: SmallVec<[(&'a ClientId, &'a (SubEntry, T)); 4]>,
+    pub shared: SmallVec<[&'a SharedGroup<T>; 2]>,
 }
 
 impl<T> Default for Matches<'_, T> {
     fn default() -> Self {
         Matches {
-            direct: Vec::new(),
-            shared: Vec::new(),
+            direct: SmallVec::new(),
+            shared: SmallVec::new(),
         }
     }
 }
@@ -127,6 +136,11 @@ impl<T> SubTree<T> {
     ) -> bool {
         let mut node = &mut self.root;
         for level in filter.split('/') {
+            match level {
+                "+" => node.has_plus = true,
+                "#" => node.has_hash = true,
+                _ => {}
+            }
             node = node.children.entry(level.into()).or_default();
         }
         let existed = match group {
@@ -183,6 +197,11 @@ impl<T> SubTree<T> {
         let removed = Self::remove_at(child, rest, group, client);
         if child.is_empty() {
             node.children.remove(*first);
+            match *first {
+                "+" => node.has_plus = false,
+                "#" => node.has_hash = false,
+                _ => {}
+            }
         }
         removed
     }
@@ -196,7 +215,7 @@ impl<T> SubTree<T> {
 
     /// Matches the levels left in `rest` (`None` once every level is used) below `node`.
     fn walk<'a>(node: &'a Node<T>, rest: Option<&str>, wild_ok: bool, out: &mut Matches<'a, T>) {
-        if wild_ok {
+        if wild_ok && node.has_hash {
             if let Some(hash) = node.children.get("#") {
                 Self::collect(hash, out);
             }
@@ -212,7 +231,7 @@ impl<T> SubTree<T> {
         if let Some(child) = node.children.get(level) {
             Self::walk(child, tail, true, out);
         }
-        if wild_ok {
+        if wild_ok && node.has_plus {
             if let Some(child) = node.children.get("+") {
                 Self::walk(child, tail, true, out);
             }
@@ -283,6 +302,33 @@ mod tests {
                 let c: ClientId = format!("{i}").into();
                 t.insert(f, None, &c, entry(), ());
                 if topic::matches(f, &topic) { expect.push(format!("{i}")); }
+            }
+            expect.sort();
+            proptest::prop_assert_eq!(matched(&t, &topic), expect);
+        }
+
+        /// Removing subscriptions leaves a trie that matches like one built from the rest.
+        #[test]
+        fn trie_agrees_with_reference_matcher_after_removals(
+            filters in proptest::collection::vec("(a|b|\\+|#)(/(a|b|\\+|#))?(/(a|b|\\+|#))?", 1..10),
+            removed in proptest::collection::vec(proptest::bool::ANY, 10),
+            topic in "(a|b)(/(a|b))?(/(a|b))?")
+        {
+            let mut t = SubTree::<()>::default();
+            let mut expect = Vec::new();
+            for (i, f) in filters.iter().enumerate() {
+                if !topic::valid_topic_filter(f) { continue; }
+                let c: ClientId = format!("{i}").into();
+                t.insert(f, None, &c, entry(), ());
+            }
+            for (i, f) in filters.iter().enumerate() {
+                if !topic::valid_topic_filter(f) { continue; }
+                let c = format!("{i}");
+                if removed[i] {
+                    proptest::prop_assert!(t.remove(f, None, &c), "removing {} of {}", f, c);
+                } else if topic::matches(f, &topic) {
+                    expect.push(c);
+                }
             }
             expect.sort();
             proptest::prop_assert_eq!(matched(&t, &topic), expect);
