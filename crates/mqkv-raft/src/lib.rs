@@ -74,6 +74,7 @@
 //! | `state_machine` | a snapshot never holds part of a log entry; replay skips the hook |
 //! | `node` | a handle is given out only after recovery is complete |
 //! | `network` | the only place that will talk to other nodes |
+//! | `runtime` | raft's tasks never queue behind client connections |
 
 mod error;
 mod files;
@@ -83,6 +84,7 @@ mod log_writer;
 mod network;
 mod node;
 mod proposer;
+mod runtime;
 mod snapshot_file;
 mod state_machine;
 mod stats;

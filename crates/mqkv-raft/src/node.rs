@@ -20,6 +20,7 @@ use crate::log_file::{self, LoadedLog, NODE_ID_META};
 use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
 use crate::proposer::Proposer;
+use crate::runtime::RaftThread;
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
 use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
@@ -74,6 +75,7 @@ pub struct StoreNode {
 pub(crate) struct Inner {
     pub(crate) raft: Raft<TypeConfig>,
     pub(crate) proposer: Proposer,
+    pub(crate) thread: RaftThread,
     pub(crate) state: Arc<StateShared>,
     pub(crate) log: Arc<LogShared>,
     pub(crate) counters: Arc<Counters>,
@@ -177,6 +179,7 @@ impl StoreNode {
         let state = self.inner.state.clone();
         // Waits for a snapshot being written, so not on the async threads.
         let _ = tokio::task::spawn_blocking(move || state.close()).await;
+        self.inner.thread.stop();
         raft?;
         log
     }
@@ -245,25 +248,48 @@ async fn open(
         log_path,
     } = recovered;
     let log_shared = log.shared();
-    let raft = match Raft::new(
-        node_id,
-        Arc::new(raft_config),
-        Network,
-        log,
-        StateMachineStore::new(state.clone()),
-    )
-    .await
-    {
-        Ok(raft) => raft,
+    let thread = match RaftThread::start() {
+        Ok(thread) => thread,
         Err(e) => {
             let _ = log_shared.close().await;
             state.close();
             return Err(start_error(e));
         }
     };
+    let started = {
+        let state = state.clone();
+        let counters = counters.clone();
+        let snapshot_log_bytes = options.snapshot_log_bytes;
+        // Raft's tasks, and the proposer's, are spawned on the raft thread.
+        thread
+            .run(async move {
+                let raft = Raft::new(
+                    node_id,
+                    Arc::new(raft_config),
+                    Network,
+                    log,
+                    StateMachineStore::new(state),
+                )
+                .await
+                .map_err(start_error)?;
+                let proposer = Proposer::start(raft.clone(), counters, snapshot_log_bytes);
+                Ok::<_, OpenError>((raft, proposer))
+            })
+            .await
+    };
+    let (raft, proposer) = match started.map_err(OpenError::Start).and_then(|r| r) {
+        Ok(started) => started,
+        Err(e) => {
+            thread.stop();
+            let _ = log_shared.close().await;
+            state.close();
+            return Err(e);
+        }
+    };
     let node = StoreNode {
         inner: Arc::new(Inner {
-            proposer: Proposer::start(raft.clone(), counters.clone(), options.snapshot_log_bytes),
+            proposer,
+            thread,
             raft,
             state,
             log: log_shared,
