@@ -133,7 +133,7 @@ impl StoreNode {
     ) -> Result<StoreNode, OpenError> {
         let options = NodeOptions {
             snapshot_every: 1_000,
-            logs_kept_after_snapshot: 100,
+            logs_kept_after_snapshot: 0,
             ..NodeOptions::default()
         };
         Self::open_memory_with(config, on_apply, options).await

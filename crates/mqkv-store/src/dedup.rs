@@ -166,15 +166,14 @@ impl DedupTable {
     }
 }
 
-/// A stable 64-bit fingerprint of a request (FNV-1a over its wire encoding):
-/// the same on every replica and across versions, unlike `std`'s hasher.
+/// A stable 64-bit fingerprint of a request: XXH3-64 (seed 0) over its wire
+/// encoding, the same on every replica and across versions, unlike `std`'s
+/// hasher, and fast enough for large values (the byte-at-a-time FNV-1a it
+/// replaced cost about 1 µs per KiB on the apply path). Answers remembered
+/// by a version that used FNV-1a no longer match after an upgrade: their
+/// requests, if redelivered within the retention, run again.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
-    command
-        .encode()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+    xxhash_rust::xxh3::xxh3_64(&command.encode())
 }
 
 /// Serialized as a flat list; the expiry index is rebuilt on load so the two
@@ -208,12 +207,25 @@ mod tests {
     use crate::machine::test_support::*;
     use mqkv_protocol::{Command, SetCondition};
 
+    /// XXH3-64 of `*2\r\n$3\r\nGET\r\n$1\r\nk\r\n`, as the reference implementation
+    /// (Python `xxhash.xxh3_64_intdigest`) computes it.
+    const PINNED_GET_K: u64 = 16_324_139_510_872_475_369;
+
     fn id(correlation: &str, expires_at_ms: u64) -> DedupId {
         DedupId {
             client_id: "c".into(),
             correlation: b(correlation),
             expires_at_ms,
         }
+    }
+
+    /// Fingerprints are stored in snapshots and compared across versions
+    /// and replicas, so the function must never change silently.
+    #[test]
+    fn fingerprint_is_pinned() {
+        let get = Command::Get { key: b("k") };
+        assert_eq!(get.encode().as_ref(), b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
+        assert_eq!(fingerprint(&get), PINNED_GET_K);
     }
 
     #[test]
