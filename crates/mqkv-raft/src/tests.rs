@@ -301,30 +301,44 @@ fn count_log_rows(path: &Path) -> u64 {
     crate::log_file::stored_len(&db).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshots_keep_the_log_short() {
-    let dir = tempfile::tempdir().unwrap();
-    let options = small_snapshots();
-    let bound = 2 * options.snapshot_every + options.logs_kept_after_snapshot;
-    let (node, _) = open(dir.path(), options.clone()).await;
+/// Longest the log may get under `options`: two snapshot periods (one
+/// being built while the next fills) plus the entries kept behind one.
+fn log_bound(options: &NodeOptions) -> u64 {
+    2 * options.snapshot_every + options.logs_kept_after_snapshot
+}
+
+/// Writes 400 SETs over 50 keys, checking every answer against a machine
+/// applying the same entries, until at least ten snapshots were taken and
+/// without the log ever growing past `bound`. Returns that machine.
+async fn write_through_snapshots(node: &StoreNode, bound: u64) -> StateMachine {
     let mut direct = StateMachine::new(config());
     let mut longest = 0;
     for i in 0..400 {
         write_both(
-            &node,
+            node,
             &mut direct,
             set(T0 + i, &format!("k{}", i % 50), &format!("v{i}")),
         )
         .await;
         longest = longest.max(node.stats().log_len);
     }
-    wait_for_snapshot(&node).await;
+    wait_for_snapshot(node).await;
     let stats = node.stats();
     assert!(stats.snapshots_built >= 10, "{stats:?}");
     assert!(
         longest <= bound,
         "log grew to {longest} entries (bound {bound}): {stats:?}"
     );
+    direct
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_keep_the_log_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_snapshots();
+    let bound = log_bound(&options);
+    let (node, _) = open(dir.path(), options.clone()).await;
+    let direct = write_through_snapshots(&node, bound).await;
     node.shutdown().await.unwrap();
     let rows = count_log_rows(&dir.path().join(FileKind::Log.file_name()));
     assert!(rows <= bound, "{rows} entries left in the log file");
@@ -342,28 +356,11 @@ async fn snapshots_keep_the_log_short() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_snapshots_keep_the_log_short_without_a_copy() {
     let options = small_snapshots();
-    let bound = 2 * options.snapshot_every + options.logs_kept_after_snapshot;
+    let bound = log_bound(&options);
     let node = StoreNode::open_memory_with(config(), Recorder::default().hook(), options)
         .await
         .expect("open store");
-    let mut direct = StateMachine::new(config());
-    let mut longest = 0;
-    for i in 0..400 {
-        write_both(
-            &node,
-            &mut direct,
-            set(T0 + i, &format!("k{}", i % 50), &format!("v{i}")),
-        )
-        .await;
-        longest = longest.max(node.stats().log_len);
-    }
-    wait_for_snapshot(&node).await;
-    let stats = node.stats();
-    assert!(stats.snapshots_built >= 10, "{stats:?}");
-    assert!(
-        longest <= bound,
-        "log grew to {longest} entries (bound {bound}): {stats:?}"
-    );
+    let direct = write_through_snapshots(&node, bound).await;
     assert_eq!(Counters::get(&node.inner.counters.snapshot_bytes), 0);
 
     let mut raft_store = StateMachineStore::new(node.inner.state.clone());
