@@ -644,11 +644,7 @@ impl<'a> PublishRef<'a> {
             topic: &p.topic,
             packet_id: p.packet_id,
             properties: &p.properties,
-            per_receiver: PerReceiver {
-                message_expiry_interval: p.properties.message_expiry_interval,
-                subscription_identifiers: &p.properties.subscription_identifiers,
-                topic_alias: p.properties.topic_alias,
-            },
+            per_receiver: p.properties.per_receiver(),
             payload: &p.payload,
         }
     }

@@ -253,7 +253,7 @@ impl Properties {
     }
 
     /// The values [`PerReceiver`] can stand in for, as this block has them.
-    fn per_receiver(&self) -> PerReceiver<'_> {
+    pub fn per_receiver(&self) -> PerReceiver<'_> {
         PerReceiver {
             message_expiry_interval: self.message_expiry_interval,
             subscription_identifiers: &self.subscription_identifiers,
