@@ -289,6 +289,23 @@ impl Conn {
         split_frame(&mut self.rbuf)
     }
 
+    /// Returns the next buffered PUBLISH, if a whole one is there, without reading; other
+    /// packets before it are skipped. A QoS 1 or 2 PUBLISH is acknowledged with the next
+    /// write (`send` or `flush_acks`).
+    pub fn try_publish(&mut self) -> Result<Option<PublishView>> {
+        while let Some(frame) = self.try_frame()? {
+            if frame.kind() != PUBLISH {
+                continue;
+            }
+            let view = PublishView::parse(frame)?;
+            if view.qos > 0 {
+                put_puback(&mut self.wbuf, view.packet_id);
+            }
+            return Ok(Some(view));
+        }
+        Ok(None)
+    }
+
     pub async fn fill(&mut self) -> Result<()> {
         if self.rbuf.capacity() - self.rbuf.len() < 4096 {
             self.rbuf.reserve(READ_CHUNK);

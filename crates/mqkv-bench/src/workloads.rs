@@ -20,8 +20,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 
 use crate::mqtt::{
-    connect_packet, plain_publish, put_puback, split_frame, within, Conn, PublishTemplate,
-    PublishView, DISCONNECT, PUBACK, PUBLISH,
+    connect_packet, plain_publish, split_frame, within, Conn, PublishTemplate, DISCONNECT, PUBACK,
 };
 use crate::report::{new_histogram, Latency, RunResult};
 use crate::servers::{self_cpu_seconds, Server, Target};
@@ -374,14 +373,7 @@ async fn subscriber_loop(
 ) -> Result<()> {
     async {
         loop {
-            while let Some(frame) = conn.try_frame()? {
-                if frame.kind() != PUBLISH {
-                    continue;
-                }
-                let view = PublishView::parse(frame)?;
-                if view.qos > 0 {
-                    put_puback(&mut conn.wbuf, view.packet_id);
-                }
+            while let Some(view) = conn.try_publish()? {
                 if let Some((idx, seq, _)) = parse_header(&view.payload) {
                     delivered.fetch_add(1, Ordering::Relaxed);
                     if let Some(slot) = slots.get(idx) {
@@ -591,14 +583,7 @@ async fn rate_inner(server: &Server, s: &Settings, r: &mut RunResult) -> Result<
     let reader = tokio::spawn(async move {
         let result: Result<()> = async {
             loop {
-                while let Some(frame) = sub.try_frame()? {
-                    if frame.kind() != PUBLISH {
-                        continue;
-                    }
-                    let view = PublishView::parse(frame)?;
-                    if view.qos > 0 {
-                        put_puback(&mut sub.wbuf, view.packet_id);
-                    }
+                while let Some(view) = sub.try_publish()? {
                     if let Some((_, _, sent)) = parse_header(&view.payload) {
                         let now = epoch.elapsed().as_nanos() as u64;
                         let sent_at = Duration::from_nanos(sent);
@@ -751,14 +736,7 @@ impl Worker for Setter {
 async fn observer_loop(mut conn: Conn, round: Arc<Round>, epoch: Instant) -> Result<()> {
     async {
         loop {
-            while let Some(frame) = conn.try_frame()? {
-                if frame.kind() != PUBLISH {
-                    continue;
-                }
-                let view = PublishView::parse(frame)?;
-                if view.qos > 0 {
-                    put_puback(&mut conn.wbuf, view.packet_id);
-                }
+            while let Some(view) = conn.try_publish()? {
                 if !view
                     .topic
                     .starts_with(mqkv_protocol::NOTIFY_TOPIC_PREFIX.as_bytes())
