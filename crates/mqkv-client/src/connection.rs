@@ -68,6 +68,15 @@ pub(crate) struct Answer {
     pub(crate) seq: u64,
 }
 
+/// The value of the first user property called `name`, if any.
+fn user_property<'a>(properties: &'a PublishProperties, name: &str) -> Option<&'a str> {
+    properties
+        .user_properties
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
 struct Reply {
     payload: Bytes,
     properties: PublishProperties,
@@ -293,14 +302,7 @@ impl Shared {
 
     /// Checks an answer the way the SDKs do and turns `-ERR` into errors.
     fn interpret(&self, verb: &'static str, reply: Reply) -> Result<Answer> {
-        let props = &reply.properties;
-        let user = |name: &str| {
-            props
-                .user_properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let user = |name: &str| user_property(&reply.properties, name);
         if let Some(version) = user(prop::PROTOCOL_VERSION) {
             if !protocol_version_supported(version) {
                 return Err(Error::protocol(
@@ -318,7 +320,7 @@ impl Shared {
             let message = user(prop::STATUS_MESSAGE).map_or(String::new(), |m| format!(": {m}"));
             return Err(Error::protocol(verb, format!("status {status}{message}")));
         }
-        if let Some(content_type) = &props.content_type {
+        if let Some(content_type) = &reply.properties.content_type {
             if content_type != prop::CONTENT_TYPE {
                 return Err(Error::protocol(
                     verb,
@@ -378,13 +380,7 @@ impl Shared {
         if client_id != self.client_id.as_bytes() {
             return;
         }
-        let user = |name: &str| {
-            properties
-                .user_properties
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let user = |name: &str| user_property(&properties, name);
         if let Some(version) = user(prop::PROTOCOL_VERSION) {
             if !protocol_version_supported(version) {
                 tracing::debug!(
