@@ -40,7 +40,7 @@ pub fn hex_upper(bytes: &[u8]) -> String {
 /// decoders are, and a decoder gains nothing by being stricter than the peers.
 pub fn hex_decode(text: &str) -> Result<Vec<u8>, HexError> {
     let digits = text.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return Err(HexError::OddLength);
     }
     let mut out = Vec::with_capacity(digits.len() / 2);

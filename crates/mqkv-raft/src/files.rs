@@ -30,19 +30,16 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("mqkv_meta");
 const FORMAT_KEY: &str = "format_version";
 const KIND_KEY: &str = "file_kind";
 
-/// redb's page cache per file, resident memory while the server runs. The
-/// log is small and mostly written, and is read back only right after it
-/// was written; the state file is read once at startup and then written a
-/// snapshot at a time, so caching its pages would only hold a second copy
-/// of data the state machine already has in memory.
-const LOG_CACHE_BYTES: usize = 16 << 20;
+/// redb's page cache of the state file, resident memory while the server
+/// runs. The file is read once at startup and then written a snapshot at a
+/// time, so caching its pages would only hold a second copy of data the
+/// state machine already has in memory.
 const STATE_CACHE_BYTES: usize = 4 << 20;
 
-/// The two files of a store.
+/// The redb files of a store. (The raft log is a directory of segments:
+/// see `log_file`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FileKind {
-    /// Raft log entries, vote, committed and purged log ids.
-    Log,
     /// The latest state machine snapshot.
     State,
 }
@@ -50,21 +47,18 @@ pub(crate) enum FileKind {
 impl FileKind {
     pub(crate) fn file_name(self) -> &'static str {
         match self {
-            FileKind::Log => "raft-log.redb",
             FileKind::State => "state.redb",
         }
     }
 
     fn tag(self) -> &'static [u8] {
         match self {
-            FileKind::Log => b"raft-log",
             FileKind::State => b"state",
         }
     }
 
     fn cache_bytes(self) -> usize {
         match self {
-            FileKind::Log => LOG_CACHE_BYTES,
             FileKind::State => STATE_CACHE_BYTES,
         }
     }
@@ -85,6 +79,14 @@ impl Location {
         match self {
             Location::Disk(dir) => dir.join(kind.file_name()),
             Location::Memory => Path::new("<memory>").join(kind.file_name()),
+        }
+    }
+
+    /// The raft log's directory, for opening it and for error messages.
+    pub(crate) fn log_path(&self) -> PathBuf {
+        match self {
+            Location::Disk(dir) => crate::log_file::dir_of(dir),
+            Location::Memory => Path::new("<memory>").join(crate::log_file::LOG_DIR),
         }
     }
 
@@ -144,6 +146,38 @@ pub(crate) fn create(
     };
     check_meta(&db, kind, &path)?;
     Ok(DataFile { db, path })
+}
+
+/// Opens a raft log file written by earlier versions (`raft-log.redb`, a
+/// redb file of format version 1), checked like any data file, for
+/// `legacy_log` to convert.
+pub(crate) fn open_legacy_log(path: &Path) -> Result<Database, OpenError> {
+    let mut builder = Database::builder();
+    builder.set_check_integrity_on_open(true);
+    let db = match panic::catch_unwind(AssertUnwindSafe(|| builder.open(path))) {
+        Ok(Ok(db)) => db,
+        Ok(Err(e)) => return Err(open_error(path, e)),
+        Err(panic) => {
+            return Err(corrupt(
+                path,
+                format!("reading it failed: {}", panic_message(&panic)),
+            ))
+        }
+    };
+    let version = read_meta(&db, FORMAT_KEY, path)?
+        .and_then(|v| decode_u64(&v))
+        .ok_or_else(|| corrupt(path, "it has no format version"))?;
+    if version != 1 {
+        return Err(OpenError::UnsupportedFormat {
+            path: path.to_path_buf(),
+            found: version,
+            supported: 1,
+        });
+    }
+    if read_meta(&db, KIND_KEY, path)?.as_deref() != Some(b"raft-log".as_slice()) {
+        return Err(corrupt(path, "it is not a raft log file"));
+    }
+    Ok(db)
 }
 
 fn builder(kind: FileKind) -> redb::Builder {

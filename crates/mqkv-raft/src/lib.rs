@@ -7,9 +7,9 @@
 //! later work only adds members and a real transport.
 //!
 //! ```text
-//! write(entry) ─► proposer ─► raft core ─► log store ─► writer thread ─► raft-log.redb (fsync)
-//!   (queued writes become one proposal)                                       │ flushed
-//!                                                                              ▼
+//! write(entry) ─► proposer ─► raft core ─► log store ─► raft-log/*.seg (write + fdatasync)
+//!   (queued writes become one proposal)                                 │ flushed
+//!                      all on the raft thread                           ▼
 //!                                 raft commits ─► state machine apply ─► on_apply hook
 //!                                                      │
 //!                        every N entries: snapshot ─► state.redb (fsync), then purge the log
@@ -18,15 +18,16 @@
 //! # mqkv-raft: durability and the loss window
 //!
 //! **An acknowledged write is never lost.** `StoreNode::write` returns only
-//! after the entry is in a redb transaction of the log file committed with
-//! `Durability::Immediate` (an fsync) *and* applied to the state machine.
+//! after the entry is written to the log's newest segment file and synced
+//! (`fdatasync`) *and* applied to the state machine.
 //! `kill -9` or power loss at any moment, followed by a restart, finds every
 //! acknowledged entry: the latest snapshot is loaded and every log entry
 //! after it is applied again before [`StoreNode::open_disk`] returns.
 //!
 //! A write that had not returned when the process died may or may not be
 //! there after the restart (it is there if its fsync completed), never half
-//! of it: each redb commit is all-or-nothing. A client that retries with the
+//! of it: every record carries a checksum, and an interrupted write at the
+//! end of the log is cut off when the store opens. A client that retries with the
 //! same de-duplication identity gets the first answer either way. All of
 //! this assumes the disk keeps what `fsync` says it wrote.
 //!
@@ -34,10 +35,10 @@
 //!
 //! | data | file | when it is durable |
 //! |---|---|---|
-//! | log entries (every write) | `raft-log.redb` | before the write is acknowledged |
-//! | raft vote | `raft-log.redb` | before raft acts on it |
-//! | last purged log id | `raft-log.redb` | with the purge |
-//! | committed log id | `raft-log.redb` | with the next fsync; only shortens replay |
+//! | log entries (every write) | `raft-log/*.seg` | before the write is acknowledged |
+//! | raft vote | `raft-log/*.seg` | before raft acts on it |
+//! | last purged log id | `raft-log/*.seg` | with the purge |
+//! | committed log id | `raft-log/*.seg` | with the next fsync; only shortens replay |
 //! | state machine snapshot | `state.redb` | before the log behind it is purged |
 //!
 //! Group commit: writes that arrive while a log entry is being synced are
@@ -51,15 +52,21 @@
 //! state machine (keys, versions, fencing tokens, deadlines, HLC, the
 //! de-duplication table) is serialized with postcard into `state.redb`, and
 //! the log behind it, less [`NodeOptions::logs_kept_after_snapshot`]
-//! entries, is purged. The log therefore stays short and a restart is a
-//! snapshot load plus a short replay. Log entries are read back from the
-//! file; memory holds only the entries still being written.
+//! entries, is purged: segments whose entries are all purged are deleted.
+//! The log therefore stays short and a restart is a snapshot load plus a
+//! short replay. Memory holds the most recent entries decoded (the state
+//! machine applies them right after they are written); older ones are read
+//! back from their segment.
 //!
-//! Files carry a format version ([`FORMAT_VERSION`]). A file of another
-//! version, a damaged or truncated file (redb verifies every page checksum
-//! when it opens a file) and a file another process has open are refused
-//! with an [`OpenError`] naming the file; nothing is written to the refused
-//! file and no file is created next to it.
+//! Files carry a format version ([`FORMAT_VERSION`] for `state.redb`,
+//! [`LOG_FORMAT`] for the log segments). A file of another version, a
+//! damaged or truncated file (redb verifies every page checksum when it
+//! opens a file; every log record carries a checksum, and so does its
+//! length) and a directory another process has open are refused with an
+//! [`OpenError`] naming the file; nothing is written to the refused file and
+//! no file is created next to it. The one damage that is repaired is the one
+//! a crash leaves: an incomplete record at the very end of the newest log
+//! segment, which no acknowledged write can be in.
 //!
 //! The apply hook is installed only after recovery: entries replayed from
 //! the log at startup never reach it.
@@ -67,9 +74,8 @@
 //! | module | invariant it protects |
 //! |---|---|
 //! | `files` | only complete, checked files of this format are opened |
-//! | `log_file`, `snapshot_file` | the on-disk layout; a log with a hole is refused |
-//! | `log_writer` | nothing is reported durable before its fsync |
-//! | `log_store` | an appended entry is readable at once and found exactly once |
+//! | `log_file`, `snapshot_file` | the on-disk layout; only a crash's torn tail is repaired, a log with a hole is refused |
+//! | `log_store` | nothing is reported durable before its fsync; an appended entry is readable at once |
 //! | `proposer` | log order is arrival order; each writer gets its own answer |
 //! | `state_machine` | a snapshot never holds part of a log entry; replay skips the hook |
 //! | `node` | a handle is given out only after recovery is complete |
@@ -78,9 +84,9 @@
 
 mod error;
 mod files;
+mod legacy_log;
 mod log_file;
 mod log_store;
-mod log_writer;
 mod network;
 mod node;
 mod proposer;
@@ -96,6 +102,7 @@ mod tests;
 
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
+pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
 pub use state_machine::ApplyHook;
 pub use stats::StoreStats;

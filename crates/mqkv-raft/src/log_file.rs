@@ -1,234 +1,675 @@
-//! Layout of the log file: the raft log and the raft metadata.
+//! The raft log on disk: a directory of append-only segment files.
 //!
-//! | table | key | value |
-//! |---|---|---|
-//! | `raft_log` | log index (`u64`) | postcard of the openraft entry |
-//! | `raft_state` | `"vote"`, `"committed"`, `"last_purged"` | postcard of the id |
+//! ```text
+//! raft-log/
+//!   LOCK                        held (flock) while a store has the log open
+//!   00000000000000000001.seg    oldest segment still needed
+//!   00000000000000000002.seg    the segment being appended to
+//! ```
 //!
-//! Invariant: the stored log is contiguous — its first index follows the
-//! last purged one and no index is missing after it. [`load`] refuses a file
-//! where that does not hold instead of handing raft a log with a hole.
+//! A segment starts with a 16-byte header (magic, [`LOG_FORMAT`], zero
+//! padding) followed by frames. A frame is
+//! `[payload length: u32][check of the length: u32][XXH3-64 of the payload: u64][payload]`
+//! (little endian), and its payload is one postcard-encoded [`Record`]. The
+//! first record of every segment is a [`Record::Start`] with the node id and
+//! the vote, committed and purged log ids as they stood when the segment
+//! was opened, so older segments can be deleted without losing them.
+//!
+//! An append is one `write` of its frames and one `fdatasync`: the cheapest
+//! durable write a file system offers, where a B-tree commit rewrites
+//! several pages.
+//!
+//! Invariants:
+//! - a segment appears under its final name only once its header and start
+//!   record are synced (it is built under `.partial` and renamed);
+//! - only the end of the newest segment can hold an incomplete frame: the
+//!   frames of a write that was interrupted. Opening cuts such a tail off.
+//!   Anything else that does not check out — a bad header, a frame whose
+//!   length or payload fails its check, a record that does not decode, a
+//!   log with a hole — is refused as corruption, and nothing is written;
+//! - a segment is deleted only once every entry in it is purged, and the
+//!   purge that allows it is synced first.
 
-use std::ops::RangeBounds;
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
 
-use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition, TableError,
-    WriteTransaction,
-};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_64;
 
-use crate::files::{corrupt, storage_error};
-use crate::types::{LogId, RaftEntry, Vote};
+use crate::files::{corrupt, io_error};
+use crate::types::{LogId, NodeId, RaftEntry, Vote};
 use crate::OpenError;
 
-const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
-const RAFT_STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_state");
-const VOTE: &str = "vote";
-const COMMITTED: &str = "committed";
-const LAST_PURGED: &str = "last_purged";
+/// Name of the log directory inside the data directory.
+pub(crate) const LOG_DIR: &str = "raft-log";
+/// Version of the segment layout and record encoding.
+pub const LOG_FORMAT: u64 = 1;
+const MAGIC: &[u8; 8] = b"MQKVLOG\n";
+const HEADER_LEN: u64 = 16;
+const FRAME_LEN: usize = 16;
+/// A frame longer than this is damage, not data.
+const MAX_PAYLOAD: u32 = 1 << 30;
+const SEGMENT_EXT: &str = "seg";
+const LOCK_FILE: &str = "LOCK";
 
-/// Meta key of the raft node id, written when the file is created.
-pub(crate) const NODE_ID_META: &str = "node_id";
-
-/// What startup needs from the log file. Entries stay on disk: raft reads
-/// them from there when it applies or replicates them.
-#[derive(Debug, Default)]
-pub(crate) struct LoadedLog {
-    pub(crate) vote: Option<Vote>,
-    pub(crate) committed: Option<LogId>,
-    pub(crate) last_purged: Option<LogId>,
-    /// Id of the last entry present, if any.
-    pub(crate) last_entry: Option<LogId>,
-}
-
-impl LoadedLog {
-    /// Index of the last entry, or of the last purged one if none is left.
-    pub(crate) fn last_index(&self) -> Option<u64> {
-        self.last_entry.or(self.last_purged).map(|id| id.index)
-    }
-}
-
-/// One change to the log file. Changes are written in the order raft asked
-/// for them, several to a transaction.
-#[derive(Debug)]
-pub(crate) enum LogWrite {
-    Append(Vec<RaftEntry>),
+/// One change to the log, as written.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) enum Record {
+    /// First record of a segment.
+    Start {
+        node_id: NodeId,
+        vote: Option<Vote>,
+        committed: Option<LogId>,
+        last_purged: Option<LogId>,
+    },
+    Entry(RaftEntry),
     Vote(Vote),
+    /// A hint: replay may stop applying at the last committed entry sooner.
     Committed(LogId),
-    /// Delete entries from this index on.
+    /// Entries from this index on are gone.
     Truncate(u64),
-    /// Delete entries up to and including this id.
+    /// Entries up to and including this id are gone.
     Purge(LogId),
 }
 
-impl LogWrite {
-    /// Whether raft waits for this change to be on disk. A committed log id
-    /// is only a hint for a faster restart, so it rides along with the next
-    /// durable change instead of costing an fsync of its own.
-    pub(crate) fn needs_sync(&self) -> bool {
-        !matches!(self, LogWrite::Committed(_))
+/// Where an entry's record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Location {
+    segment: u64,
+    /// Offset of the frame's payload.
+    offset: u64,
+    len: u32,
+}
+
+impl Location {
+    /// Size of the entry's record.
+    pub(crate) fn len(&self) -> u32 {
+        self.len
     }
 }
 
-/// Reads the raft metadata and checks every entry of the log file: each
-/// must decode, sit at its own index, and follow the one before it.
-pub(crate) fn load(db: &Database, path: &Path) -> Result<LoadedLog, OpenError> {
-    let txn = db.begin_read().map_err(|e| storage_error(path, e))?;
-    let mut loaded = LoadedLog::default();
-    match txn.open_table(RAFT_STATE) {
-        Ok(table) => {
-            let get = |key: &str| -> Result<Option<Vec<u8>>, OpenError> {
-                let value = table.get(key).map_err(|e| storage_error(path, e))?;
-                Ok(value.map(|v| v.value().to_vec()))
-            };
-            if let Some(bytes) = get(VOTE)? {
-                loaded.vote = Some(decode_at_open(&bytes, path, "the vote")?);
-            }
-            if let Some(bytes) = get(COMMITTED)? {
-                loaded.committed = Some(decode_at_open(&bytes, path, "the committed log id")?);
-            }
-            if let Some(bytes) = get(LAST_PURGED)? {
-                loaded.last_purged = Some(decode_at_open(&bytes, path, "the last purged log id")?);
-            }
+/// What opening the log found.
+#[derive(Debug)]
+pub(crate) struct Loaded {
+    pub(crate) node_id: NodeId,
+    pub(crate) vote: Option<Vote>,
+    pub(crate) committed: Option<LogId>,
+    pub(crate) last_purged: Option<LogId>,
+    /// The entries, contiguous, from the one after the last purged.
+    pub(crate) entries: Vec<(LogId, Location)>,
+}
+
+impl Loaded {
+    /// Index of the last entry, or of the last purged one if none is left.
+    pub(crate) fn last_index(&self) -> Option<u64> {
+        self.entries
+            .last()
+            .map(|(id, _)| id.index)
+            .or(self.last_purged.map(|id| id.index))
+    }
+
+    pub(crate) fn is_new(&self) -> bool {
+        self.vote.is_none() && self.entries.is_empty() && self.last_purged.is_none()
+    }
+}
+
+struct Segment {
+    seq: u64,
+    path: PathBuf,
+    file: File,
+    len: u64,
+    /// Highest entry index written to this segment.
+    last_index: Option<u64>,
+}
+
+/// The open log directory. Methods block on file I/O; they run on the raft
+/// thread, which has nothing else to do while a write is being synced.
+pub(crate) struct Segments {
+    dir: PathBuf,
+    node_id: NodeId,
+    /// Oldest first; the last one is appended to.
+    segments: Vec<Segment>,
+    /// Frames encoded but not yet written.
+    staged: Vec<u8>,
+    /// A new segment is started once the current one is this long.
+    segment_bytes: u64,
+    /// Held for as long as the log is open.
+    _lock: File,
+}
+
+pub(crate) fn dir_of(data_dir: &Path) -> PathBuf {
+    data_dir.join(LOG_DIR)
+}
+
+fn segment_name(seq: u64) -> String {
+    format!("{seq:020}.{SEGMENT_EXT}")
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+fn encode(record: &Record, out: &mut Vec<u8>) -> io::Result<usize> {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_LEN]);
+    let mut out_vec = std::mem::take(out);
+    out_vec = postcard::to_extend(record, out_vec).map_err(io::Error::other)?;
+    *out = out_vec;
+    let payload_len = out.len() - start - FRAME_LEN;
+    let len = u32::try_from(payload_len)
+        .ok()
+        .filter(|len| *len <= MAX_PAYLOAD)
+        .ok_or_else(|| io::Error::other(format!("a log record of {payload_len} bytes")))?;
+    let hash = xxh3_64(&out[start + FRAME_LEN..]);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&length_check(len).to_le_bytes());
+    out[start + 8..start + 16].copy_from_slice(&hash.to_le_bytes());
+    Ok(payload_len)
+}
+
+fn length_check(len: u32) -> u32 {
+    // Truncating the hash is the point: four bytes are enough to tell a
+    // length from noise.
+    xxh3_64(&len.to_le_bytes()) as u32
+}
+
+fn header() -> [u8; HEADER_LEN as usize] {
+    let mut header = [0; HEADER_LEN as usize];
+    header[..8].copy_from_slice(MAGIC);
+    header[8..16].copy_from_slice(&LOG_FORMAT.to_le_bytes());
+    header
+}
+
+/// Creates a segment with its start record and `records`, complete and
+/// synced, under its final name.
+fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> io::Result<Segment> {
+    let path = dir.join(segment_name(seq));
+    let partial = path.with_extension("seg.partial");
+    let mut bytes = header().to_vec();
+    encode(start, &mut bytes)?;
+    let mut last_index = None;
+    for record in records {
+        encode(record, &mut bytes)?;
+        if let Record::Entry(entry) = record {
+            last_index = Some(entry.log_id.index);
         }
-        Err(TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(storage_error(path, e)),
     }
-    match txn.open_table(LOG) {
-        Ok(table) => {
-            let first = loaded.last_purged.map_or(0, |id| id.index + 1);
-            let rows = table.range(first..).map_err(|e| storage_error(path, e))?;
-            for (expected, row) in (first..).zip(rows) {
-                let (key, value) = row.map_err(|e| storage_error(path, e))?;
-                let index = key.value();
-                let entry: RaftEntry =
-                    decode_at_open(value.value(), path, &format!("log entry {index}"))?;
-                if entry.log_id.index != index {
-                    return Err(corrupt(
-                        path,
-                        format!("log entry {index} says it is entry {}", entry.log_id.index),
-                    ));
-                }
-                if index != expected {
-                    return Err(corrupt(
-                        path,
-                        format!("the log has a hole: entry {expected} is missing before {index}"),
-                    ));
-                }
-                loaded.last_entry = Some(entry.log_id);
-            }
-        }
-        Err(TableError::TableDoesNotExist(_)) => {}
-        Err(e) => return Err(storage_error(path, e)),
+    {
+        let mut file = File::create(&partial)?;
+        file.write_all(&bytes)?;
+        file.sync_all()?;
     }
-    Ok(loaded)
+    fs::rename(&partial, &path)?;
+    sync_dir(dir)?;
+    let file = OpenOptions::new().read(true).append(true).open(&path)?;
+    Ok(Segment {
+        seq,
+        path,
+        file,
+        len: bytes.len() as u64,
+        last_index,
+    })
 }
 
-/// The entries of `range` on disk, in order.
-pub(crate) fn read_entries(
-    db: &Database,
-    range: impl RangeBounds<u64>,
-) -> Result<Vec<RaftEntry>, String> {
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
-    let table = match txn.open_table(LOG) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.to_string()),
+/// Creates the log directory of a new store, complete and synced, and opens
+/// it.
+pub(crate) fn create(
+    data_dir: &Path,
+    node_id: NodeId,
+    segment_bytes: u64,
+) -> Result<(Segments, Loaded), OpenError> {
+    let start = Record::Start {
+        node_id,
+        vote: None,
+        committed: None,
+        last_purged: None,
     };
-    let rows = table
-        .range((range.start_bound().cloned(), range.end_bound().cloned()))
-        .map_err(|e| e.to_string())?;
-    let mut entries = Vec::new();
-    for row in rows {
-        let (key, value) = row.map_err(|e| e.to_string())?;
-        let entry = postcard::from_bytes(value.value())
-            .map_err(|e| format!("log entry {} does not decode: {e}", key.value()))?;
-        entries.push(entry);
-    }
-    Ok(entries)
+    create_with(data_dir, start, Vec::new())?;
+    let dir = dir_of(data_dir);
+    open(data_dir, segment_bytes)?.ok_or_else(|| {
+        io_error(
+            &dir,
+            io::Error::new(io::ErrorKind::NotFound, "vanished after creation"),
+        )
+    })
 }
 
-/// Id of the last entry on disk.
-pub(crate) fn last_entry_id(db: &Database) -> Result<Option<LogId>, String> {
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
-    let table = match txn.open_table(LOG) {
-        Ok(table) => table,
-        Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
-    };
-    let Some((key, value)) = table.last().map_err(|e| e.to_string())? else {
+/// Creates the log directory holding `start` and then `records` in one
+/// segment, complete and synced under its final name.
+pub(crate) fn create_with(
+    data_dir: &Path,
+    start: Record,
+    records: Vec<Record>,
+) -> Result<(), OpenError> {
+    let dir = dir_of(data_dir);
+    let partial = data_dir.join(format!("{LOG_DIR}.partial"));
+    // Only an interrupted creation leaves this name behind; it never held
+    // acknowledged data.
+    match fs::remove_dir_all(&partial) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error(&partial, e)),
+    }
+    fs::create_dir(&partial).map_err(|e| io_error(&partial, e))?;
+    create_segment(&partial, 1, &start, &records).map_err(|e| io_error(&partial, e))?;
+    fs::rename(&partial, &dir).map_err(|e| io_error(&dir, e))?;
+    sync_dir(data_dir).map_err(|e| io_error(data_dir, e))
+}
+
+/// Opens and replays the log directory of `data_dir`, or `None` if there
+/// is none. An interrupted write at the end of the newest segment is cut
+/// off; anything else damaged is refused before a byte is written.
+pub(crate) fn open(
+    data_dir: &Path,
+    segment_bytes: u64,
+) -> Result<Option<(Segments, Loaded)>, OpenError> {
+    let dir = dir_of(data_dir);
+    if !dir.try_exists().map_err(|e| io_error(&dir, e))? {
         return Ok(None);
-    };
-    let entry: RaftEntry = postcard::from_bytes(value.value())
-        .map_err(|e| format!("log entry {} does not decode: {e}", key.value()))?;
-    Ok(Some(entry.log_id))
+    }
+    let lock = lock(&dir)?;
+    let mut seqs = Vec::new();
+    let mut partials = Vec::new();
+    for item in fs::read_dir(&dir).map_err(|e| io_error(&dir, e))? {
+        let item = item.map_err(|e| io_error(&dir, e))?;
+        let name = item.file_name();
+        let name = name.to_string_lossy();
+        if name == LOCK_FILE {
+            continue;
+        }
+        if name.ends_with(".partial") {
+            partials.push(item.path());
+            continue;
+        }
+        let seq = name
+            .strip_suffix(&format!(".{SEGMENT_EXT}"))
+            .and_then(|stem| stem.parse::<u64>().ok())
+            .ok_or_else(|| corrupt(&item.path(), "it is not a log segment"))?;
+        seqs.push(seq);
+    }
+    seqs.sort_unstable();
+    if seqs.is_empty() {
+        return Err(corrupt(&dir, "it holds no log segment"));
+    }
+    let mut replay = Replay::default();
+    let mut segments = Vec::new();
+    let mut cut = None;
+    for (i, &seq) in seqs.iter().enumerate() {
+        let newest = i + 1 == seqs.len();
+        let path = dir.join(segment_name(seq));
+        let bytes = fs::read(&path).map_err(|e| io_error(&path, e))?;
+        let (valid_len, last_index) = replay.segment(seq, &bytes, newest, &path)?;
+        if valid_len < bytes.len() as u64 {
+            cut = Some((path.clone(), valid_len, bytes.len() as u64));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| io_error(&path, e))?;
+        segments.push(Segment {
+            seq,
+            path,
+            file,
+            len: valid_len,
+            last_index,
+        });
+    }
+    let loaded = replay.finish(&dir)?;
+    // Everything checked out: only now is anything changed on disk.
+    for partial in partials {
+        fs::remove_file(&partial).map_err(|e| io_error(&partial, e))?;
+    }
+    if let Some((path, valid, found)) = cut {
+        tracing::warn!(
+            segment = %path.display(),
+            kept = valid,
+            dropped = found - valid,
+            "the log ends in an interrupted write; cutting it off"
+        );
+        let newest = segments
+            .last()
+            .ok_or_else(|| corrupt(&dir, "it holds no log segment"))?;
+        newest
+            .file
+            .set_len(valid)
+            .and_then(|()| newest.file.sync_all())
+            .map_err(|e| io_error(&path, e))?;
+    }
+    let node_id = loaded.node_id;
+    Ok(Some((
+        Segments {
+            dir,
+            node_id,
+            segments,
+            staged: Vec::new(),
+            segment_bytes,
+            _lock: lock,
+        },
+        loaded,
+    )))
 }
 
-/// Number of entries on disk.
-pub(crate) fn stored_len(db: &Database) -> Result<u64, String> {
-    let txn = db.begin_read().map_err(|e| e.to_string())?;
-    match txn.open_table(LOG) {
-        Ok(table) => table.len().map_err(|e| e.to_string()),
-        Err(TableError::TableDoesNotExist(_)) => Ok(0),
-        Err(e) => Err(e.to_string()),
+fn lock(dir: &Path) -> Result<File, OpenError> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_error(&path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(OpenError::InUse {
+            path: dir.to_path_buf(),
+        }),
+        Err(fs::TryLockError::Error(e)) => Err(io_error(&path, e)),
     }
 }
 
-/// Writes `changes` into `txn`. Returns the encoded size of the entries
-/// appended.
-pub(crate) fn write<'a>(
-    txn: &WriteTransaction,
-    changes: impl IntoIterator<Item = &'a LogWrite>,
-) -> Result<u64, String> {
-    let mut appended = 0;
-    let mut log = txn.open_table(LOG).map_err(|e| e.to_string())?;
-    let mut state = txn.open_table(RAFT_STATE).map_err(|e| e.to_string())?;
-    for change in changes {
-        match change {
-            LogWrite::Append(entries) => {
-                for entry in entries {
-                    let bytes = encode(entry)?;
-                    appended += bytes.len() as u64;
-                    log.insert(entry.log_id.index, bytes.as_slice())
-                        .map_err(|e| e.to_string())?;
+/// Replays records in order, checking them as it goes.
+#[derive(Default)]
+struct Replay {
+    node_id: Option<NodeId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    last_purged: Option<LogId>,
+    entries: BTreeMap<u64, (LogId, Location)>,
+}
+
+impl Replay {
+    /// Replays one segment; returns the length of its valid part and the
+    /// highest entry index in it.
+    fn segment(
+        &mut self,
+        seq: u64,
+        bytes: &[u8],
+        newest: bool,
+        path: &Path,
+    ) -> Result<(u64, Option<u64>), OpenError> {
+        if bytes.len() < HEADER_LEN as usize || &bytes[..8] != MAGIC {
+            return Err(corrupt(path, "it is not an mqkv log segment (bad header)"));
+        }
+        let format = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
+        if format != LOG_FORMAT {
+            return Err(OpenError::UnsupportedFormat {
+                path: path.to_path_buf(),
+                found: format,
+                supported: LOG_FORMAT,
+            });
+        }
+        let mut offset = HEADER_LEN as usize;
+        let mut last_index = None;
+        let mut first = true;
+        while offset < bytes.len() {
+            let rest = &bytes[offset..];
+            let torn = |what: &str| -> Result<(u64, Option<u64>), OpenError> {
+                if newest && !first {
+                    Ok((offset as u64, last_index))
+                } else {
+                    Err(corrupt(
+                        path,
+                        format!("{what} at byte {offset}, before the end of the log"),
+                    ))
                 }
+            };
+            if rest.len() < FRAME_LEN {
+                return torn("an incomplete frame header");
             }
-            LogWrite::Vote(vote) => {
-                state
-                    .insert(VOTE, encode(vote)?.as_slice())
-                    .map_err(|e| e.to_string())?;
+            let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default());
+            let check = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
+            if check != length_check(len) || len > MAX_PAYLOAD {
+                return Err(corrupt(path, format!("a damaged frame at byte {offset}")));
             }
-            LogWrite::Committed(id) => {
-                state
-                    .insert(COMMITTED, encode(id)?.as_slice())
-                    .map_err(|e| e.to_string())?;
+            let end = FRAME_LEN + len as usize;
+            if rest.len() < end {
+                return torn("an incomplete frame");
             }
-            LogWrite::Truncate(since) => {
-                log.retain_in(*since.., |_, _| false)
-                    .map_err(|e| e.to_string())?;
+            let hash = u64::from_le_bytes(rest[8..16].try_into().unwrap_or_default());
+            let payload = &rest[FRAME_LEN..end];
+            if xxh3_64(payload) != hash {
+                return Err(corrupt(
+                    path,
+                    format!("the record at byte {offset} fails its checksum"),
+                ));
             }
-            LogWrite::Purge(upto) => {
-                state
-                    .insert(LAST_PURGED, encode(upto)?.as_slice())
-                    .map_err(|e| e.to_string())?;
-                log.retain_in(..=upto.index, |_, _| false)
-                    .map_err(|e| e.to_string())?;
+            let record: Record = postcard::from_bytes(payload).map_err(|e| {
+                corrupt(
+                    path,
+                    format!("the record at byte {offset} does not decode: {e}"),
+                )
+            })?;
+            let location = Location {
+                segment: seq,
+                offset: (offset + FRAME_LEN) as u64,
+                len,
+            };
+            if first != matches!(record, Record::Start { .. }) {
+                return Err(corrupt(
+                    path,
+                    "a segment must begin with exactly one start record",
+                ));
             }
+            first = false;
+            if let Some(index) = self.record(record, location, path)? {
+                last_index = Some(index);
+            }
+            offset += end;
+        }
+        if first {
+            return Err(corrupt(path, "the segment has no start record"));
+        }
+        Ok((bytes.len() as u64, last_index))
+    }
+
+    /// Applies one record; returns the index of an entry record.
+    fn record(
+        &mut self,
+        record: Record,
+        location: Location,
+        path: &Path,
+    ) -> Result<Option<u64>, OpenError> {
+        match record {
+            Record::Start {
+                node_id,
+                vote,
+                committed,
+                last_purged,
+            } => {
+                if *self.node_id.get_or_insert(node_id) != node_id {
+                    return Err(corrupt(
+                        path,
+                        format!("it belongs to node {node_id}, not {:?}", self.node_id),
+                    ));
+                }
+                // A start record holds the state as of its segment's
+                // creation: never older than what earlier segments wrote.
+                if vote.is_some() {
+                    self.vote = vote;
+                }
+                self.committed = self.committed.max(committed);
+                self.purge(last_purged);
+            }
+            Record::Entry(entry) => {
+                let id = entry.log_id;
+                if self.entries.range(id.index..).next().is_some() {
+                    return Err(corrupt(
+                        path,
+                        format!("entry {} is written twice without a truncation", id.index),
+                    ));
+                }
+                if self.last_purged.is_none_or(|p| id.index > p.index) {
+                    self.entries.insert(id.index, (id, location));
+                }
+                return Ok(Some(id.index));
+            }
+            Record::Vote(vote) => self.vote = Some(vote),
+            Record::Committed(id) => self.committed = Some(id),
+            Record::Truncate(since) => drop(self.entries.split_off(&since)),
+            Record::Purge(upto) => self.purge(Some(upto)),
+        }
+        Ok(None)
+    }
+
+    fn purge(&mut self, upto: Option<LogId>) {
+        if upto > self.last_purged {
+            self.last_purged = upto;
+        }
+        if let Some(upto) = self.last_purged {
+            self.entries = self.entries.split_off(&(upto.index + 1));
         }
     }
-    Ok(appended)
+
+    fn finish(self, dir: &Path) -> Result<Loaded, OpenError> {
+        let node_id = self
+            .node_id
+            .ok_or_else(|| corrupt(dir, "no segment names its node"))?;
+        let first = self.last_purged.map_or(0, |id| id.index + 1);
+        let mut entries = Vec::with_capacity(self.entries.len());
+        for (expected, (index, (id, location))) in (first..).zip(self.entries) {
+            if index != expected {
+                return Err(corrupt(
+                    dir,
+                    format!("the log has a hole: entry {expected} is missing before {index}"),
+                ));
+            }
+            entries.push((id, location));
+        }
+        Ok(Loaded {
+            node_id,
+            vote: self.vote,
+            committed: self.committed,
+            last_purged: self.last_purged,
+            entries,
+        })
+    }
 }
 
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
-    postcard::to_stdvec(value).map_err(|e| e.to_string())
-}
+impl Segments {
+    /// Stages `record`; returns its location (valid once written) and the
+    /// payload size.
+    pub(crate) fn stage(&mut self, record: &Record) -> io::Result<Location> {
+        let current = self.current()?;
+        let offset = current.len + self.staged.len() as u64 + FRAME_LEN as u64;
+        let segment = current.seq;
+        let len = encode(record, &mut self.staged)?;
+        Ok(Location {
+            segment,
+            offset,
+            len: len as u32,
+        })
+    }
 
-fn decode_at_open<T: DeserializeOwned>(
-    bytes: &[u8],
-    path: &Path,
-    what: &str,
-) -> Result<T, OpenError> {
-    postcard::from_bytes(bytes).map_err(|e| corrupt(path, format!("{what} does not decode: {e}")))
+    /// Notes that the staged entry records reach `index`.
+    pub(crate) fn staged_entry(&mut self, index: u64) -> io::Result<()> {
+        let current = self.current_mut()?;
+        current.last_index = current.last_index.max(Some(index));
+        Ok(())
+    }
+
+    /// Whether the current segment is full, so the next append should
+    /// [`Self::roll`] first.
+    pub(crate) fn full(&self) -> bool {
+        self.segments
+            .last()
+            .is_none_or(|segment| segment.len >= self.segment_bytes)
+    }
+
+    /// Starts a new segment, its start record carrying `start`'s state.
+    /// Nothing may be staged.
+    pub(crate) fn roll(
+        &mut self,
+        vote: Option<Vote>,
+        committed: Option<LogId>,
+        last_purged: Option<LogId>,
+    ) -> io::Result<()> {
+        debug_assert!(self.staged.is_empty());
+        let seq = self.segments.last().map_or(1, |s| s.seq + 1);
+        let start = Record::Start {
+            node_id: self.node_id,
+            vote,
+            committed,
+            last_purged,
+        };
+        let segment = create_segment(&self.dir, seq, &start, &[])?;
+        self.segments.push(segment);
+        Ok(())
+    }
+
+    /// Writes what is staged; with `sync`, also makes it durable.
+    pub(crate) fn write(&mut self, sync: bool) -> io::Result<()> {
+        let staged = std::mem::take(&mut self.staged);
+        let current = self.current_mut()?;
+        if !staged.is_empty() {
+            let result = current.file.write_all(&staged);
+            if let Err(e) = result {
+                // A partial write may have reached the file; later frames
+                // must not follow it, so the length is put back.
+                let _ = current.file.set_len(current.len);
+                return Err(e);
+            }
+            current.len += staged.len() as u64;
+        }
+        if sync {
+            current.file.sync_data()?;
+        }
+        let mut staged = staged;
+        staged.clear();
+        self.staged = staged;
+        Ok(())
+    }
+
+    /// Reads the record at `location`.
+    pub(crate) fn read(&self, location: Location) -> io::Result<Record> {
+        let segment = self
+            .segments
+            .iter()
+            .find(|s| s.seq == location.segment)
+            .ok_or_else(|| io::Error::other(format!("log segment {} is gone", location.segment)))?;
+        let mut payload = vec![0; location.len as usize];
+        segment.file.read_exact_at(&mut payload, location.offset)?;
+        postcard::from_bytes(&payload).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} at byte {}: {e}",
+                    segment.path.display(),
+                    location.offset
+                ),
+            )
+        })
+    }
+
+    /// Deletes segments whose every entry is at or below `upto` (never the
+    /// current one).
+    pub(crate) fn delete_purged(&mut self, upto: u64) -> io::Result<()> {
+        let keep_from = self
+            .segments
+            .iter()
+            .position(|s| s.last_index.is_some_and(|last| last > upto))
+            .unwrap_or(self.segments.len())
+            .min(self.segments.len().saturating_sub(1));
+        if keep_from == 0 {
+            return Ok(());
+        }
+        for segment in self.segments.drain(..keep_from) {
+            fs::remove_file(&segment.path)?;
+        }
+        sync_dir(&self.dir)
+    }
+
+    fn current(&self) -> io::Result<&Segment> {
+        self.segments
+            .last()
+            .ok_or_else(|| io::Error::other("the log has no segment"))
+    }
+
+    fn current_mut(&mut self) -> io::Result<&mut Segment> {
+        self.segments
+            .last_mut()
+            .ok_or_else(|| io::Error::other("the log has no segment"))
+    }
 }

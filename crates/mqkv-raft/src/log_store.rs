@@ -1,95 +1,295 @@
-//! openraft's log storage over the log file.
+//! openraft's log storage: the log in memory, backed by segment files on
+//! disk (or by nothing, for a store that does not outlive the process).
 //!
-//! Entries live in the file. Raft must be able to read an entry as soon as
-//! `append` returns, before the writer thread has made it durable, so
-//! appended entries are also kept in memory until their commit — and only
-//! until then: memory holds what is in flight, never the whole log.
+//! Every change is written and, where raft needs it durable, synced before
+//! the call returns — an append's `LogFlushed` callback is called at the
+//! end of `append` itself. These calls run on the raft thread (see
+//! `runtime`), which has nothing else to do while its one proposal is being
+//! synced, so doing the I/O in place costs no thread hand-off.
+//!
+//! Recent entries are kept decoded in memory (the state machine applies
+//! them right after they are written); older ones are read back from their
+//! segment when raft asks for them. A memory store keeps all of them.
 //!
 //! Invariants:
-//! - a reader looks at the pending entries before the file, and an entry
-//!   leaves the pending set only after the commit holding it, so every
-//!   appended entry is found;
-//! - a pending entry wins over the file at the same index: it is newer (it
-//!   replaced a truncated one);
-//! - changes reach the file in the order raft made them (one writer thread,
-//!   one queue).
+//! - the entries held are contiguous, from the one after the last purged;
+//! - an entry is readable as soon as `append` returns, and is acknowledged
+//!   (its callback called) only after the sync that holds it;
+//! - changes reach the file in the order raft made them;
+//! - the committed log id needs no sync of its own: it is written with the
+//!   next change that is synced.
 
+use std::collections::VecDeque;
 use std::fmt::Debug;
-use std::ops::RangeBounds;
+use std::io;
+use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
     AnyError, ErrorSubject, ErrorVerb, LogState, OptionalSend, RaftLogReader, StorageIOError,
 };
-use redb::Database;
 
-use crate::log_file::{self, LoadedLog, LogWrite};
-use crate::log_writer::{LogWriter, Pending};
+use crate::log_file::{Loaded, Location, Record, Segments};
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
 
-struct RaftMeta {
-    vote: Option<Vote>,
-    committed: Option<LogId>,
-    last_purged: Option<LogId>,
+/// Decoded entries kept in memory by a disk store, newest first to stay.
+const CACHE_BYTES: u64 = 8 << 20;
+
+struct Slot {
+    id: LogId,
+    location: Option<Location>,
+    entry: Option<RaftEntry>,
+    size: u64,
 }
 
-/// Shared between the raft core (which writes) and log readers.
+struct Log {
+    /// `None` for a memory store, and once closed.
+    segments: Option<Segments>,
+    memory: bool,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    /// The committed id changed since it was last written.
+    committed_dirty: bool,
+    last_purged: Option<LogId>,
+    /// Index of `slots[0]`.
+    first: u64,
+    slots: VecDeque<Slot>,
+    /// Bytes of the entries held decoded, and the first index held so.
+    cached_bytes: u64,
+    cached_from: u64,
+}
+
+impl Log {
+    fn last_id(&self) -> Option<LogId> {
+        self.slots.back().map(|s| s.id).or(self.last_purged)
+    }
+
+    fn slot(&self, index: u64) -> Option<&Slot> {
+        let offset = usize::try_from(index.checked_sub(self.first)?).ok()?;
+        self.slots.get(offset)
+    }
+
+    fn segments(&mut self) -> io::Result<Option<&mut Segments>> {
+        if self.memory {
+            return Ok(None);
+        }
+        self.segments
+            .as_mut()
+            .map(Some)
+            .ok_or_else(|| io::Error::other("the log is closed"))
+    }
+
+    /// Stages the committed id if it changed, then `record`, and writes.
+    fn write(&mut self, record: Option<Record>, sync: bool) -> io::Result<()> {
+        let committed = self.committed.filter(|_| self.committed_dirty);
+        let Some(segments) = self.segments()? else {
+            return Ok(());
+        };
+        if let Some(id) = committed {
+            segments.stage(&Record::Committed(id))?;
+        }
+        if let Some(record) = &record {
+            segments.stage(record)?;
+        }
+        segments.write(sync)?;
+        self.committed_dirty = false;
+        Ok(())
+    }
+
+    /// Forgets decoded entries beyond the cache budget, oldest first. A
+    /// memory store has nowhere else to read them from and keeps them all.
+    fn trim_cache(&mut self) {
+        if self.memory {
+            return;
+        }
+        while self.cached_bytes > CACHE_BYTES {
+            let offset = (self.cached_from - self.first) as usize;
+            let Some(slot) = self.slots.get_mut(offset) else {
+                break;
+            };
+            if slot.entry.take().is_some() {
+                self.cached_bytes -= slot.size;
+            }
+            self.cached_from += 1;
+        }
+    }
+
+    fn append(&mut self, entries: Vec<RaftEntry>, counters: &Counters) -> io::Result<()> {
+        let mut slots = Vec::with_capacity(entries.len());
+        let mut bytes = 0;
+        let (vote, committed, last_purged) = (self.vote, self.committed, self.last_purged);
+        match self.segments()? {
+            Some(segments) => {
+                if segments.full() {
+                    segments.roll(vote, committed, last_purged)?;
+                    self.committed_dirty = false;
+                }
+                let Some(segments) = self.segments()? else {
+                    return Err(io::Error::other("the log is closed"));
+                };
+                for entry in entries {
+                    let record = Record::Entry(entry);
+                    let location = segments.stage(&record)?;
+                    let Record::Entry(entry) = record else {
+                        return Err(io::Error::other("an entry record changed its kind"));
+                    };
+                    segments.staged_entry(entry.log_id.index)?;
+                    bytes += u64::from(location.len());
+                    slots.push(Slot {
+                        id: entry.log_id,
+                        size: u64::from(location.len()),
+                        location: Some(location),
+                        entry: Some(entry),
+                    });
+                }
+                self.write(None, true)?;
+            }
+            None => {
+                for entry in entries {
+                    let size = encoded_size(&entry)?;
+                    bytes += size;
+                    slots.push(Slot {
+                        id: entry.log_id,
+                        location: None,
+                        entry: Some(entry),
+                        size,
+                    });
+                }
+            }
+        }
+        let written = slots.len() as u64;
+        for slot in slots {
+            let index = slot.id.index;
+            if self.slots.is_empty() {
+                self.first = index;
+                self.cached_from = index;
+            } else if index != self.first + self.slots.len() as u64 {
+                return Err(io::Error::other(format!(
+                    "entry {index} appended after entry {}",
+                    self.first + self.slots.len() as u64 - 1
+                )));
+            }
+            self.cached_bytes += slot.size;
+            self.slots.push_back(slot);
+        }
+        self.trim_cache();
+        Counters::add(&counters.log_commits, 1);
+        Counters::add(&counters.log_entries_written, written);
+        Counters::add(&counters.log_bytes_since_snapshot, bytes);
+        Ok(())
+    }
+
+    fn truncate(&mut self, since: u64) -> io::Result<()> {
+        self.write(Some(Record::Truncate(since)), true)?;
+        let keep = since.saturating_sub(self.first) as usize;
+        for slot in self.slots.drain(keep.min(self.slots.len())..) {
+            if slot.entry.is_some() {
+                self.cached_bytes -= slot.size;
+            }
+        }
+        self.cached_from = self.cached_from.min(self.first + self.slots.len() as u64);
+        Ok(())
+    }
+
+    fn purge(&mut self, upto: LogId) -> io::Result<()> {
+        self.write(Some(Record::Purge(upto)), true)?;
+        self.last_purged = Some(upto);
+        while self.slots.front().is_some_and(|s| s.id.index <= upto.index) {
+            if let Some(slot) = self.slots.pop_front() {
+                if slot.entry.is_some() {
+                    self.cached_bytes -= slot.size;
+                }
+            }
+            self.first += 1;
+        }
+        if self.slots.is_empty() {
+            self.first = upto.index + 1;
+        }
+        self.cached_from = self.cached_from.max(self.first);
+        if let Some(segments) = self.segments()? {
+            segments.delete_purged(upto.index)?;
+        }
+        Ok(())
+    }
+
+    fn entries(&self, range: (Bound<u64>, Bound<u64>)) -> io::Result<Vec<RaftEntry>> {
+        let start = match range.0 {
+            Bound::Included(i) => i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => self.first,
+        }
+        .max(self.first);
+        let end = match range.1 {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => i,
+            Bound::Unbounded => u64::MAX,
+        }
+        .min(self.first + self.slots.len() as u64);
+        let mut entries = Vec::with_capacity(end.saturating_sub(start) as usize);
+        for index in start..end {
+            let Some(slot) = self.slot(index) else {
+                break;
+            };
+            let entry = match (&slot.entry, slot.location, &self.segments) {
+                (Some(entry), _, _) => entry.clone(),
+                (None, Some(location), Some(segments)) => match segments.read(location)? {
+                    Record::Entry(entry) if entry.log_id == slot.id => entry,
+                    _ => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("the log does not hold entry {index} where it was written"),
+                        ))
+                    }
+                },
+                _ => return Err(io::Error::other("the log is closed")),
+            };
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+}
+
+/// Encoded size of an entry that is never encoded (memory store): what the
+/// snapshot policy counts.
+fn encoded_size(entry: &RaftEntry) -> io::Result<u64> {
+    postcard::serialize_with_flavor::<_, _, usize>(entry, postcard::ser_flavors::Size::default())
+        .map(|n| n as u64)
+        .map_err(io::Error::other)
+}
+
+/// Shared between the raft core (which writes), log readers, and the node
+/// (stats, close).
 pub(crate) struct LogShared {
-    meta: Mutex<RaftMeta>,
-    pending: Arc<Pending>,
-    /// For reads; taken away when the store closes.
-    db: RwLock<Option<Arc<Database>>>,
-    writer: LogWriter,
+    log: Mutex<Log>,
+    counters: Arc<Counters>,
     path: PathBuf,
 }
 
 impl LogShared {
-    fn meta(&self) -> MutexGuard<'_, RaftMeta> {
-        sync::lock(&self.meta)
+    fn lock(&self) -> MutexGuard<'_, Log> {
+        sync::lock(&self.log)
     }
 
-    fn db(&self) -> Result<Arc<Database>, String> {
-        sync::read(&self.db)
-            .clone()
-            .ok_or_else(|| format!("{} is closed", self.path.display()))
-    }
-
-    /// Entries of `range`: pending ones first (see the module invariants),
-    /// then the file for the rest.
-    fn entries<R: RangeBounds<u64>>(&self, range: R) -> Result<Vec<RaftEntry>, String> {
-        let range = (range.start_bound().cloned(), range.end_bound().cloned());
-        let pending: Vec<RaftEntry> = self
-            .pending
-            .lock()
-            .range(range)
-            .map(|(_, e)| e.clone())
-            .collect();
-        let db = self.db()?;
-        let on_disk = log_file::read_entries(&db, range)?;
-        let mut merged: std::collections::BTreeMap<u64, RaftEntry> =
-            on_disk.into_iter().map(|e| (e.log_id.index, e)).collect();
-        merged.extend(pending.into_iter().map(|e| (e.log_id.index, e)));
-        Ok(merged.into_values().collect())
-    }
-
-    /// Entries currently in the log (on disk or pending), roughly: an entry
-    /// just committed may be counted in both places.
+    /// Entries currently in the log (not yet purged).
     pub(crate) fn len(&self) -> u64 {
-        let pending = self.pending.lock().len() as u64;
-        let on_disk = self
-            .db()
-            .and_then(|db| log_file::stored_len(&db))
-            .unwrap_or(0);
-        pending + on_disk
+        self.lock().slots.len() as u64
     }
 
-    pub(crate) async fn close(&self) -> std::io::Result<()> {
-        let result = self.writer.close().await;
-        drop(sync::write(&self.db).take());
+    /// Writes what is pending and closes the files. Later changes fail.
+    pub(crate) async fn close(&self) -> io::Result<()> {
+        let mut log = self.lock();
+        if log.memory {
+            return Ok(());
+        }
+        let result = match log.segments.is_some() {
+            true => log.write(None, true),
+            false => Ok(()),
+        };
+        log.segments = None;
         result
     }
 }
@@ -101,43 +301,69 @@ pub(crate) struct LogStore {
 }
 
 impl LogStore {
-    /// Starts the writer thread over `db`.
+    /// A log over the segments opened (and replayed into `loaded`), or, with
+    /// `None`, in memory only.
     pub(crate) fn start(
-        loaded: LoadedLog,
-        db: Database,
+        segments: Option<(Segments, Loaded)>,
         path: PathBuf,
         counters: Arc<Counters>,
-    ) -> std::io::Result<LogStore> {
-        let db = Arc::new(db);
-        let pending = Arc::new(Pending::default());
-        let writer = LogWriter::start(db.clone(), path.clone(), pending.clone(), counters)?;
-        let meta = RaftMeta {
-            vote: loaded.vote,
-            committed: loaded.committed,
-            last_purged: loaded.last_purged,
+    ) -> LogStore {
+        let memory = segments.is_none();
+        let (segments, loaded) = match segments {
+            Some((segments, loaded)) => (Some(segments), Some(loaded)),
+            None => (None, None),
         };
-        Ok(LogStore {
+        let mut log = Log {
+            segments,
+            memory,
+            vote: None,
+            committed: None,
+            committed_dirty: false,
+            last_purged: None,
+            first: 0,
+            slots: VecDeque::new(),
+            cached_bytes: 0,
+            cached_from: 0,
+        };
+        if let Some(loaded) = loaded {
+            log.vote = loaded.vote;
+            log.committed = loaded.committed;
+            log.last_purged = loaded.last_purged;
+            log.first = loaded
+                .entries
+                .first()
+                .map(|(id, _)| id.index)
+                .or(loaded.last_purged.map(|id| id.index + 1))
+                .unwrap_or(0);
+            log.slots = loaded
+                .entries
+                .into_iter()
+                .map(|(id, location)| Slot {
+                    id,
+                    size: u64::from(location.len()),
+                    location: Some(location),
+                    entry: None,
+                })
+                .collect();
+            log.cached_from = log.first + log.slots.len() as u64;
+        }
+        LogStore {
             shared: Arc::new(LogShared {
-                meta: Mutex::new(meta),
-                pending,
-                db: RwLock::new(Some(db)),
-                writer,
+                log: Mutex::new(log),
+                counters,
                 path,
             }),
-        })
+        }
     }
 
     pub(crate) fn shared(&self) -> Arc<LogShared> {
         self.shared.clone()
     }
-}
 
-fn io_failure(verb: ErrorVerb, subject: ErrorSubject<u64>, e: std::io::Error) -> StorageError {
-    StorageIOError::new(subject, verb, AnyError::new(&e)).into()
-}
-
-fn read_failure(e: String) -> StorageError {
-    StorageIOError::read_logs(AnyError::error(e)).into()
+    fn failure(&self, verb: ErrorVerb, subject: ErrorSubject<u64>, e: io::Error) -> StorageError {
+        let e = io::Error::new(e.kind(), format!("{}: {e}", self.shared.path.display()));
+        StorageIOError::new(subject, verb, AnyError::new(&e)).into()
+    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -145,7 +371,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<RaftEntry>, StorageError> {
-        self.shared.entries(range).map_err(read_failure)
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        self.shared
+            .lock()
+            .entries(range)
+            .map_err(|e| self.failure(ErrorVerb::Read, ErrorSubject::Logs, e))
     }
 }
 
@@ -153,22 +383,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged = self.shared.meta().last_purged;
-        let pending_last = self
-            .shared
-            .pending
-            .lock()
-            .values()
-            .next_back()
-            .map(|e| e.log_id);
-        let db = self.shared.db().map_err(read_failure)?;
-        let on_disk_last = log_file::last_entry_id(&db).map_err(read_failure)?;
-        // Raft asks when no truncation is under way, so the newer of the
-        // two is the end of the log.
-        let last_entry = pending_last.max(on_disk_last);
+        let log = self.shared.lock();
         Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last_entry.or(last_purged),
+            last_purged_log_id: log.last_purged,
+            last_log_id: log.last_id(),
         })
     }
 
@@ -177,28 +395,28 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        self.shared.meta().vote = Some(*vote);
-        self.shared
-            .writer
-            .write(LogWrite::Vote(*vote))
-            .await
-            .map_err(|e| io_failure(ErrorVerb::Write, ErrorSubject::Vote, e))
+        let mut log = self.shared.lock();
+        log.write(Some(Record::Vote(*vote)), true)
+            .map_err(|e| self.failure(ErrorVerb::Write, ErrorSubject::Vote, e))?;
+        log.vote = Some(*vote);
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.shared.meta().vote)
+        Ok(self.shared.lock().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        self.shared.meta().committed = committed;
-        if let Some(id) = committed {
-            self.shared.writer.note(LogWrite::Committed(id));
+        let mut log = self.shared.lock();
+        if committed.is_some() && committed != log.committed {
+            log.committed = committed;
+            log.committed_dirty = true;
         }
         Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.shared.meta().committed)
+        Ok(self.shared.lock().committed)
     }
 
     async fn append<I>(
@@ -211,38 +429,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
-        {
-            let mut pending = self.shared.pending.lock();
-            for entry in &entries {
-                pending.insert(entry.log_id.index, entry.clone());
+        let result = self.shared.lock().append(entries, &self.shared.counters);
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
             }
+            Err(e) => Err(self.failure(ErrorVerb::Write, ErrorSubject::Logs, e)),
         }
-        self.shared
-            .writer
-            .append(LogWrite::Append(entries), callback);
-        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        drop(self.shared.pending.lock().split_off(&log_id.index));
         self.shared
-            .writer
-            .write(LogWrite::Truncate(log_id.index))
-            .await
-            .map_err(|e| io_failure(ErrorVerb::Delete, ErrorSubject::Logs, e))
+            .lock()
+            .truncate(log_id.index)
+            .map_err(|e| self.failure(ErrorVerb::Delete, ErrorSubject::Logs, e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        {
-            let mut pending = self.shared.pending.lock();
-            let kept = pending.split_off(&(log_id.index + 1));
-            *pending = kept;
-        }
-        self.shared.meta().last_purged = Some(log_id);
         self.shared
-            .writer
-            .write(LogWrite::Purge(log_id))
-            .await
-            .map_err(|e| io_failure(ErrorVerb::Delete, ErrorSubject::Logs, e))
+            .lock()
+            .purge(log_id)
+            .map_err(|e| self.failure(ErrorVerb::Delete, ErrorSubject::Logs, e))
     }
 }

@@ -15,8 +15,7 @@ use mqkv_store::{Applied, Entry, StateMachine, StoreConfig};
 use openraft::error::Fatal;
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 
-use crate::files::{self, corrupt, decode_u64, io_error, read_meta, FileKind, Location};
-use crate::log_file::{self, LoadedLog, NODE_ID_META};
+use crate::files::{self, corrupt, io_error, read_meta, FileKind, Location};
 use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
 use crate::proposer::Proposer;
@@ -24,7 +23,8 @@ use crate::runtime::RaftThread;
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
 use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
-use crate::types::{Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
+use crate::types::{LogId, Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
+use crate::{legacy_log, log_file};
 use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
 
 /// Tuning of a store. The defaults suit a server; tests shrink the
@@ -48,6 +48,10 @@ pub struct NodeOptions {
     /// Log entries kept behind the latest snapshot (so a follower that lags
     /// a little catches up from the log, not a snapshot).
     pub logs_kept_after_snapshot: u64,
+    /// Start a new log segment file once the current one is this long.
+    /// Segments are deleted whole once a snapshot covers every entry in
+    /// them.
+    pub log_segment_bytes: u64,
     /// How long opening waits for a one-member group to elect this node.
     pub ready_timeout: Duration,
 }
@@ -60,6 +64,7 @@ impl Default for NodeOptions {
             snapshot_every: 10_000,
             snapshot_log_bytes: 64 << 20,
             logs_kept_after_snapshot: 1_000,
+            log_segment_bytes: 64 << 20,
             ready_timeout: Duration::from_secs(30),
         }
     }
@@ -375,24 +380,31 @@ pub(crate) fn recover(
     }
     // Existing files are checked before anything is created, so a refused
     // directory gains no new file.
-    let log_file = files::open_existing(location, FileKind::Log)?;
-    let state_file = files::open_existing(location, FileKind::State)?;
-    let loaded = match &log_file {
-        Some(file) => log_file::load(&file.db, &file.path)?,
-        None => LoadedLog::default(),
+    let log = match location {
+        Location::Disk(dir) => {
+            legacy_log::convert(dir)?;
+            log_file::open(dir, options.log_segment_bytes)?
+        }
+        Location::Memory => None,
     };
+    let state_file = files::open_existing(location, FileKind::State)?;
     let snapshot = match &state_file {
         Some(file) => snapshot_file::load(&file.db, &file.path)?,
         None => None,
     };
-    check_consistency(location, &loaded, snapshot.as_ref())?;
-    let log_file = match log_file {
-        Some(file) => file,
-        None => files::create(
-            location,
-            FileKind::Log,
-            &[(NODE_ID_META, options.node_id.to_le_bytes().to_vec())],
-        )?,
+    let (last_purged, log_is_new) = match &log {
+        Some((_, loaded)) => (loaded.last_purged, loaded.is_new()),
+        None => (None, true),
+    };
+    check_consistency(location, last_purged, log_is_new, snapshot.as_ref())?;
+    let log = match (location, log) {
+        (_, Some(log)) => Some(log),
+        (Location::Disk(dir), None) => Some(log_file::create(
+            dir,
+            options.node_id,
+            options.log_segment_bytes,
+        )?),
+        (Location::Memory, None) => None,
     };
     let state_file = match state_file {
         Some(file) => file,
@@ -405,9 +417,10 @@ pub(crate) fn recover(
             )?
         }
     };
-    let node_id = read_meta(&log_file.db, NODE_ID_META, &log_file.path)?
-        .and_then(|bytes| decode_u64(&bytes))
-        .ok_or_else(|| corrupt(&log_file.path, "it records no node id"))?;
+    let node_id = match &log {
+        Some((_, loaded)) => loaded.node_id,
+        None => options.node_id,
+    };
     let stored_config = read_meta(&state_file.db, STORE_CONFIG_META, &state_file.path)?
         .ok_or_else(|| corrupt(&state_file.path, "it records no store configuration"))?;
     let stored_config: StoreConfig = postcard::from_bytes(&stored_config).map_err(|e| {
@@ -446,10 +459,9 @@ pub(crate) fn recover(
             membership: Membership::default(),
         },
     };
-    let last_index = loaded.last_index();
-    let log_path = log_file.path.clone();
-    let log = LogStore::start(loaded, log_file.db, log_file.path, counters.clone())
-        .map_err(|e| io_error(&log_path, e))?;
+    let last_index = log.as_ref().and_then(|(_, loaded)| loaded.last_index());
+    let log_path = location.log_path();
+    let log = LogStore::start(log, log_path.clone(), counters.clone());
     let shared = StateShared::new(
         state,
         SnapshotFile::new(state_file.db, state_file.path),
@@ -474,17 +486,18 @@ pub(crate) fn recover(
 /// its vote) it was taken from.
 fn check_consistency(
     location: &Location,
-    log: &LoadedLog,
+    last_purged: Option<LogId>,
+    log_is_new: bool,
     snapshot: Option<&StoredSnapshot>,
 ) -> Result<(), OpenError> {
-    let log_path = location.path(FileKind::Log);
+    let log_path = location.log_path();
     let state_path = location.path(FileKind::State);
     let snapshot_end = snapshot.and_then(|(meta, _)| meta.last_log_id);
     let inconsistent = |reason: String| OpenError::Inconsistent {
         dir: location.dir(),
         reason,
     };
-    if let Some(purged) = log.last_purged {
+    if let Some(purged) = last_purged {
         if snapshot_end < Some(purged) {
             let covered = match snapshot_end {
                 Some(end) => format!("its snapshot ends at entry {}", end.index),
@@ -498,7 +511,6 @@ fn check_consistency(
             )));
         }
     }
-    let log_is_new = log.vote.is_none() && log.last_entry.is_none() && log.last_purged.is_none();
     if let (true, Some(end)) = (log_is_new, snapshot_end) {
         return Err(inconsistent(format!(
             "{} holds a snapshot up to entry {}, but {} is empty: the log file was lost or replaced",

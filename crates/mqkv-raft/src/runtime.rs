@@ -8,6 +8,11 @@
 //! own instead, so a write pays the operating system's thread wake-up per
 //! hand-off, not a turn in a queue of connections.
 //!
+//! The log store writes and syncs its segment files in place, on this
+//! thread: with one proposal in flight there is nothing else for it to do
+//! meanwhile, and a hand-off to a writer thread and back would cost two
+//! wake-ups per write. (Snapshots are built and installed off this thread.)
+//!
 //! Invariant: the thread runs until [`RaftThread::stop`] (or drop); tasks
 //! still on it then are dropped.
 

@@ -145,6 +145,9 @@ impl StateShared {
         if self.keep == Keep::MetaOnly {
             let meta = self.meta_of(&self.read());
             Counters::add(&self.counters.snapshots_built, 1);
+            // The log behind it may go: it no longer counts towards the
+            // next snapshot.
+            self.counters.snapshot_taken(0);
             *lock(&self.current) = Some(meta.clone());
             return Ok((meta, Vec::new()));
         }
@@ -180,11 +183,16 @@ impl StateShared {
     fn current_snapshot(&self) -> Result<Option<Snapshot<TypeConfig>>, Failure> {
         let current = lock(&self.current).clone();
         if self.keep == Keep::MetaOnly {
-            // The state now covers at least what the last snapshot covered.
-            if current.is_none() {
+            // The state now covers at least what the last snapshot covered;
+            // while it covers exactly that, it is that snapshot.
+            let Some(current) = current else {
                 return Ok(None);
-            }
+            };
             let (meta, data) = self.serialize()?;
+            let meta = match meta.last_log_id == current.last_log_id {
+                true => current,
+                false => meta,
+            };
             return Ok(Some(snapshot(meta, data)));
         }
         if let Some((meta, data)) = lock(&self.startup_snapshot).take() {
@@ -263,7 +271,11 @@ pub(crate) struct SnapshotBuilder {
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
         let shared = self.shared.clone();
-        let (meta, data) = blocking(move || shared.build_snapshot()).await?;
+        let (meta, data) = match shared.keep {
+            // Nothing is serialized or written: no need for another thread.
+            Keep::MetaOnly => shared.build_snapshot()?,
+            Keep::Data => blocking(move || shared.build_snapshot()).await?,
+        };
         Ok(snapshot(meta, data))
     }
 }
