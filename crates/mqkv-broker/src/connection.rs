@@ -712,11 +712,22 @@ impl Conn {
                 properties: p.properties,
                 from: self.ident.clone(),
             };
-            if let Some(pending) = service.on_publish(sp) {
+            if let Some(mut pending) = service.on_publish(sp) {
                 // Output queued so far need not wait for the service.
                 self.flush_inline();
-                pending.await;
-                self.session.set_deferred(self.conn_id, true);
+                // Output stays deferred while the service's future runs, so the answer it queues
+                // in the poll that finishes it goes out together with the ack below, in one
+                // write. Between polls (while the service waits) whatever else arrives for this
+                // client is written at once.
+                std::future::poll_fn(|cx| {
+                    self.session.set_deferred(self.conn_id, true);
+                    let polled = pending.as_mut().poll(cx);
+                    if polled.is_pending() {
+                        self.flush_inline();
+                    }
+                    polled
+                })
+                .await;
             }
         } else {
             let msg = Arc::new(Message {
