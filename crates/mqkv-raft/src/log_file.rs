@@ -53,6 +53,8 @@ const FRAME_LEN: usize = 16;
 /// A frame longer than this is damage, not data.
 const MAX_PAYLOAD: u32 = 1 << 30;
 const SEGMENT_EXT: &str = "seg";
+/// Zeros written ahead of the appends (see [`Segment::allocated`]).
+const ALLOCATE_AHEAD: u64 = 4 << 20;
 const LOCK_FILE: &str = "LOCK";
 
 /// One change to the log, as written.
@@ -121,6 +123,10 @@ struct Segment {
     path: PathBuf,
     file: File,
     len: u64,
+    /// Bytes of the file written (with zeros) ahead of `len`: appending
+    /// into them changes no file metadata, so each sync is a data flush
+    /// only.
+    allocated: u64,
     /// Highest entry index written to this segment.
     last_index: Option<u64>,
 }
@@ -204,12 +210,14 @@ fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> i
     }
     fs::rename(&partial, &path)?;
     sync_dir(dir)?;
-    let file = OpenOptions::new().read(true).append(true).open(&path)?;
+    let file = OpenOptions::new().read(true).write(true).open(&path)?;
+    let len = bytes.len() as u64;
     Ok(Segment {
         seq,
         path,
         file,
-        len: bytes.len() as u64,
+        len,
+        allocated: len,
         last_index,
     })
 }
@@ -302,12 +310,12 @@ pub(crate) fn open(
         let path = dir.join(segment_name(seq));
         let bytes = fs::read(&path).map_err(|e| io_error(&path, e))?;
         let (valid_len, last_index) = replay.segment(seq, &bytes, newest, &path)?;
-        if valid_len < bytes.len() as u64 {
+        if newest && !all_zero(&bytes[valid_len as usize..]) {
             cut = Some((path.clone(), valid_len, bytes.len() as u64));
         }
         let file = OpenOptions::new()
             .read(true)
-            .append(true)
+            .write(true)
             .open(&path)
             .map_err(|e| io_error(&path, e))?;
         segments.push(Segment {
@@ -315,6 +323,7 @@ pub(crate) fn open(
             path,
             file,
             len: valid_len,
+            allocated: bytes.len() as u64,
             last_index,
         });
     }
@@ -331,13 +340,14 @@ pub(crate) fn open(
             "the log ends in an interrupted write; cutting it off"
         );
         let newest = segments
-            .last()
+            .last_mut()
             .ok_or_else(|| corrupt(&dir, "it holds no log segment"))?;
         newest
             .file
             .set_len(valid)
             .and_then(|()| newest.file.sync_all())
             .map_err(|e| io_error(&path, e))?;
+        newest.allocated = valid;
     }
     let node_id = loaded.node_id;
     Ok(Some((
@@ -368,6 +378,25 @@ fn lock(dir: &Path) -> Result<File, OpenError> {
         }),
         Err(fs::TryLockError::Error(e)) => Err(io_error(&path, e)),
     }
+}
+
+fn all_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| *b == 0)
+}
+
+/// Writes zeros from the end of `segment`'s allocated space up to `to`, and
+/// syncs them, so later appends into that space change no metadata.
+fn allocate(segment: &mut Segment, to: u64) -> io::Result<()> {
+    const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    let mut at = segment.allocated.max(segment.len);
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64) as usize;
+        segment.file.write_all_at(&ZEROS[..n], at)?;
+        at += n as u64;
+    }
+    segment.file.sync_all()?;
+    segment.allocated = to;
+    Ok(())
 }
 
 /// Replays records in order, checking them as it goes.
@@ -406,8 +435,16 @@ impl Replay {
         let mut first = true;
         while offset < bytes.len() {
             let rest = &bytes[offset..];
-            let torn = |what: &str| -> Result<(u64, Option<u64>), OpenError> {
-                if newest && !first {
+            // Space allocated ahead of the writes: the end of the log.
+            if !first && all_zero(rest) {
+                return Ok((offset as u64, last_index));
+            }
+            // An interrupted write leaves its frames incomplete, or complete
+            // but with bytes that never reached the disk, and nothing after
+            // them but unwritten (zero) space. Only the newest segment is
+            // written to, so only it can end that way.
+            let torn = |what: &str, after: usize| -> Result<(u64, Option<u64>), OpenError> {
+                if newest && !first && all_zero(rest.get(after..).unwrap_or_default()) {
                     Ok((offset as u64, last_index))
                 } else {
                     Err(corrupt(
@@ -417,24 +454,21 @@ impl Replay {
                 }
             };
             if rest.len() < FRAME_LEN {
-                return torn("an incomplete frame header");
+                return torn("an incomplete frame header", rest.len());
             }
             let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default());
             let check = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
             if check != length_check(len) || len > MAX_PAYLOAD {
-                return Err(corrupt(path, format!("a damaged frame at byte {offset}")));
+                return torn("a damaged frame header", FRAME_LEN);
             }
             let end = FRAME_LEN + len as usize;
             if rest.len() < end {
-                return torn("an incomplete frame");
+                return torn("an incomplete frame", rest.len());
             }
             let hash = u64::from_le_bytes(rest[8..16].try_into().unwrap_or_default());
             let payload = &rest[FRAME_LEN..end];
             if xxh3_64(payload) != hash {
-                return Err(corrupt(
-                    path,
-                    format!("the record at byte {offset} fails its checksum"),
-                ));
+                return torn("a record failing its checksum", end);
             }
             let record: Record = postcard::from_bytes(payload).map_err(|e| {
                 corrupt(
@@ -587,6 +621,12 @@ impl Segments {
         last_purged: Option<LogId>,
     ) -> io::Result<()> {
         debug_assert!(self.staged.is_empty());
+        // The full segment gives back the space allocated ahead.
+        if let Some(full) = self.segments.last_mut() {
+            full.file.set_len(full.len)?;
+            full.file.sync_all()?;
+            full.allocated = full.len;
+        }
         let seq = self.segments.last().map_or(1, |s| s.seq + 1);
         let start = Record::Start {
             node_id: self.node_id,
@@ -604,14 +644,14 @@ impl Segments {
         let staged = std::mem::take(&mut self.staged);
         let current = self.current_mut()?;
         if !staged.is_empty() {
-            let result = current.file.write_all(&staged);
-            if let Err(e) = result {
-                // A partial write may have reached the file; later frames
-                // must not follow it, so the length is put back.
-                let _ = current.file.set_len(current.len);
-                return Err(e);
+            let end = current.len + staged.len() as u64;
+            if end > current.allocated {
+                allocate(current, end + ALLOCATE_AHEAD)?;
             }
-            current.len += staged.len() as u64;
+            // A write that fails part way leaves bytes past `len`; the next
+            // one writes over them.
+            current.file.write_all_at(&staged, current.len)?;
+            current.len = end;
         }
         if sync {
             current.file.sync_data()?;
@@ -620,6 +660,12 @@ impl Segments {
         staged.clear();
         self.staged = staged;
         Ok(())
+    }
+
+    /// Bytes of valid log in the newest segment.
+    #[cfg(test)]
+    pub(crate) fn written_len(&self) -> u64 {
+        self.segments.last().map_or(0, |s| s.len)
     }
 
     /// Reads the record at `location`.

@@ -764,6 +764,12 @@ fn interrupted_frame() -> Vec<u8> {
     frame
 }
 
+fn write_at(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, offset).unwrap();
+}
+
 fn append_to(path: &Path, bytes: &[u8]) {
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
@@ -775,8 +781,14 @@ async fn an_interrupted_log_write_is_cut_off() {
     let dir = tempfile::tempdir().unwrap();
     let mut direct = create_store(dir.path()).await;
     let newest = Target::NewestSegment.path(dir.path());
-    let intact = std::fs::metadata(&newest).unwrap().len();
-    append_to(&newest, &interrupted_frame());
+    let intact = {
+        let (segments, _) = crate::log_file::open(dir.path(), 64 << 20)
+            .unwrap()
+            .unwrap();
+        segments.written_len()
+    };
+    // Into the space allocated ahead, where the next append would go.
+    write_at(&newest, intact, &interrupted_frame());
 
     let (node, recorder) = open(dir.path(), small_segments()).await;
     assert_eq!(snapshot_of(&node), direct);
