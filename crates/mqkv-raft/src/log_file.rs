@@ -387,7 +387,7 @@ fn all_zero(bytes: &[u8]) -> bool {
 /// Writes zeros from the end of `segment`'s allocated space up to `to`, and
 /// syncs them, so later appends into that space change no metadata.
 fn allocate(segment: &mut Segment, to: u64) -> io::Result<()> {
-    const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let mut at = segment.allocated.max(segment.len);
     while at < to {
         let n = (to - at).min(ZEROS.len() as u64) as usize;
