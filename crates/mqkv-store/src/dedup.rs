@@ -16,9 +16,12 @@
 //! - an answer is repeated only for the same request: the identity (client
 //!   id, correlation data) must match and so must a fingerprint of the
 //!   command, so a client that reuses correlation data for a different
-//!   command gets that command executed, not an unrelated earlier answer.
+//!   command gets that command executed, not an unrelated earlier answer;
+//! - eviction order is the same on every replica, restored or not: by
+//!   expiry, ties in the order the answers were remembered (a snapshot lists
+//!   them in that order and a restore keeps it).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -47,7 +50,7 @@ struct Remembered {
 /// length as 4 bytes, the id, the correlation data), held by both indexes.
 /// A copy, never a slice of the request: that would keep the request's
 /// whole read buffer alive for as long as the answer is remembered.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Identity(Arc<[u8]>);
 
 impl Identity {
@@ -95,22 +98,50 @@ impl<'de> Deserialize<'de> for Identity {
     }
 }
 
-/// The remembered answers, by identity and by expiry.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Where an answer sits in the eviction order: its expiry, then when it
+/// was remembered.
+type ExpiryKey = (u64, u64);
+
+/// The remembered answers, by identity (hashed: the table holds up to
+/// [`CAPACITY`] answers and is looked up on every write) and by expiry.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct DedupTable {
-    entries: BTreeMap<Identity, Remembered>,
-    by_expiry: BTreeSet<(u64, Identity)>,
+    entries: HashMap<Identity, (Remembered, ExpiryKey), foldhash::fast::FixedState>,
+    by_expiry: BTreeMap<ExpiryKey, Identity>,
+    /// Numbers answers in the order they were remembered.
+    next_seq: u64,
 }
+
+/// Equal when the same answers are remembered in the same eviction order
+/// (the numbering itself may differ: a restored table renumbers).
+impl PartialEq for DedupTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries.len() == other.entries.len()
+            && self
+                .in_order()
+                .zip(other.in_order())
+                .all(|((a_id, a), (b_id, b))| a_id == b_id && a == b)
+    }
+}
+
+impl Eq for DedupTable {}
 
 impl DedupTable {
     pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
+    /// The answers in eviction order.
+    fn in_order(&self) -> impl Iterator<Item = (&Identity, &Remembered)> {
+        self.by_expiry
+            .values()
+            .filter_map(|id| self.entries.get(id).map(|(remembered, _)| (id, remembered)))
+    }
+
     /// Forgets every answer whose expiry is at or before `now_ms`.
     pub(crate) fn prune(&mut self, now_ms: u64) {
-        while let Some(first) = self.by_expiry.first() {
-            if first.0 > now_ms {
+        while let Some((&(expires_at_ms, _), _)) = self.by_expiry.first_key_value() {
+            if expires_at_ms > now_ms {
                 break;
             }
             if let Some((_, id)) = self.by_expiry.pop_first() {
@@ -119,10 +150,19 @@ impl DedupTable {
         }
     }
 
+    fn insert(&mut self, id: Identity, remembered: Remembered) {
+        let key = (remembered.expires_at_ms, self.next_seq);
+        self.next_seq += 1;
+        if let Some((_, old)) = self.entries.insert(id.clone(), (remembered, key)) {
+            self.by_expiry.remove(&old);
+        }
+        self.by_expiry.insert(key, id);
+    }
+
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let remembered = self
+        let (remembered, _) = self
             .entries
             .get(&probe(&id.client_id, &id.correlation)[..])?;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
@@ -144,8 +184,8 @@ impl DedupTable {
             return;
         }
         let key = Identity::new(&id.client_id, &id.correlation);
-        if let Some(old) = self.entries.remove(&key) {
-            self.by_expiry.remove(&(old.expires_at_ms, key.clone()));
+        if let Some((_, old)) = self.entries.remove(&key) {
+            self.by_expiry.remove(&old);
         }
         while self.entries.len() >= CAPACITY {
             let Some((_, evicted)) = self.by_expiry.pop_first() else {
@@ -153,8 +193,7 @@ impl DedupTable {
             };
             self.entries.remove(&evicted);
         }
-        self.by_expiry.insert((expires_at_ms, key.clone()));
-        self.entries.insert(
+        self.insert(
             key,
             Remembered {
                 expires_at_ms,
@@ -176,26 +215,34 @@ pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&command.encode())
 }
 
-/// Serialized as a flat list; the expiry index is rebuilt on load so the two
-/// can never disagree in a snapshot.
+/// Serialized as a flat list in eviction order; the expiry index is rebuilt
+/// on load so the two can never disagree in a snapshot.
 impl Serialize for DedupTable {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.entries.iter())
+        use serde::ser::{Error, SerializeSeq};
+        let mut list = serializer.serialize_seq(Some(self.by_expiry.len()))?;
+        for id in self.by_expiry.values() {
+            let (remembered, _) = self
+                .entries
+                .get(id)
+                .ok_or_else(|| S::Error::custom("the expiry index names a forgotten answer"))?;
+            list.serialize_element(&(id, remembered))?;
+        }
+        list.end()
     }
 }
 
 impl<'de> Deserialize<'de> for DedupTable {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let list: Vec<(Identity, Remembered)> = Vec::deserialize(deserializer)?;
+        let mut list: Vec<(Identity, Remembered)> = Vec::deserialize(deserializer)?;
+        // Eviction order is by expiry, then by position in the list (older
+        // snapshots listed answers by identity, which was their tie order).
+        list.sort_by_key(|(_, remembered)| remembered.expires_at_ms);
         let mut table = DedupTable::default();
         for (key, remembered) in list {
-            let expires_at_ms = remembered.expires_at_ms;
             // A repeated identity keeps its last answer, and only that
             // answer's expiry stays indexed.
-            if let Some(old) = table.entries.insert(key.clone(), remembered) {
-                table.by_expiry.remove(&(old.expires_at_ms, key.clone()));
-            }
-            table.by_expiry.insert((expires_at_ms, key));
+            table.insert(key, remembered);
         }
         Ok(table)
     }
@@ -342,6 +389,29 @@ mod tests {
         );
         assert!(table.lookup(&id("0", 0), 7, 1).is_some());
         assert!(table.lookup(&id("new", 0), 7, 1).is_some());
+    }
+
+    #[test]
+    fn equal_expiries_are_evicted_in_remembered_order_also_after_a_restore() {
+        let applied = Applied::reply(Response::Ok, None);
+        let mut live = DedupTable::default();
+        // Remembered in an order unlike their identities' byte order.
+        for i in 0..CAPACITY as u64 {
+            let correlation = format!("{}", (i * 7_919) % CAPACITY as u64);
+            live.remember(&id(&correlation, 1_000), 7, &applied, 0);
+        }
+        let mut restored: DedupTable =
+            postcard::from_bytes(&postcard::to_allocvec(&live).unwrap()).unwrap();
+        assert_eq!(restored, live);
+        for table in [&mut live, &mut restored] {
+            table.remember(&id("new-1", 2_000), 7, &applied, 0);
+            table.remember(&id("new-2", 2_000), 7, &applied, 0);
+            // The first two remembered went, the third stayed.
+            assert!(table.lookup(&id("0", 0), 7, 1).is_none());
+            assert!(table.lookup(&id("7919", 0), 7, 1).is_none());
+            assert!(table.lookup(&id("15838", 0), 7, 1).is_some());
+        }
+        assert_eq!(restored, live);
     }
 
     #[test]
