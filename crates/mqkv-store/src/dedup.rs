@@ -104,12 +104,26 @@ type ExpiryKey = (u64, u64);
 
 /// The remembered answers, by identity (hashed: the table holds up to
 /// [`CAPACITY`] answers and is looked up on every write) and by expiry.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct DedupTable {
     entries: HashMap<Identity, (Remembered, ExpiryKey), foldhash::fast::FixedState>,
     by_expiry: BTreeMap<ExpiryKey, Identity>,
     /// Numbers answers in the order they were remembered.
     next_seq: u64,
+}
+
+impl Default for DedupTable {
+    /// Sized for [`CAPACITY`] answers from the start: growing a hash table
+    /// of that size moves every answer at once, which would stall the
+    /// write that happens to trigger it. Of the space reserved, only the
+    /// table's control bytes (about 128 KiB) are touched before use.
+    fn default() -> Self {
+        DedupTable {
+            entries: HashMap::with_capacity_and_hasher(CAPACITY, Default::default()),
+            by_expiry: BTreeMap::new(),
+            next_seq: 0,
+        }
+    }
 }
 
 /// Equal when the same answers are remembered in the same eviction order
