@@ -36,8 +36,11 @@ use crate::stats::Counters;
 use crate::sync;
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
 
-/// Decoded entries kept in memory by a disk store, newest first to stay.
-const CACHE_BYTES: u64 = 8 << 20;
+/// Decoded entries kept in memory by a disk store, newest first to stay,
+/// counted by their encoded size (decoded, they take a few times that).
+/// The state machine reads an entry right after it is written, so this
+/// only has to cover the proposals in flight.
+const CACHE_BYTES: u64 = 1 << 20;
 
 struct Slot {
     id: LogId,
@@ -100,13 +103,15 @@ impl Log {
         Ok(())
     }
 
-    /// Forgets decoded entries beyond the cache budget, oldest first. A
+    /// Forgets decoded entries beyond the cache budget, oldest first, but
+    /// never the newest (however large, it is about to be applied). A
     /// memory store has nowhere else to read them from and keeps them all.
     fn trim_cache(&mut self) {
         if self.memory {
             return;
         }
-        while self.cached_bytes > CACHE_BYTES {
+        let newest = self.first + self.slots.len() as u64;
+        while self.cached_bytes > CACHE_BYTES && self.cached_from + 1 < newest {
             let offset = (self.cached_from - self.first) as usize;
             let Some(slot) = self.slots.get_mut(offset) else {
                 break;

@@ -21,7 +21,7 @@
 //!   expiry, ties in the order the answers were remembered (a snapshot lists
 //!   them in that order and a restore keeps it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -50,24 +50,29 @@ struct Remembered {
 /// length as 4 bytes, the id, the correlation data), held by both indexes.
 /// A copy, never a slice of the request: that would keep the request's
 /// whole read buffer alive for as long as the answer is remembered.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Identity(Arc<[u8]>);
+///
+/// Ordered by an XXH3 hash of those bytes first: identities of one client
+/// share a long prefix, so ordering by the bytes alone made every B-tree
+/// comparison a long `memcmp`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Identity {
+    hash: u64,
+    bytes: Arc<[u8]>,
+}
 
 impl Identity {
     fn new(client_id: &str, correlation: &[u8]) -> Identity {
-        Identity(Arc::from(probe(client_id, correlation)))
+        let bytes = probe(client_id, correlation);
+        Identity {
+            hash: xxhash_rust::xxh3::xxh3_64(&bytes),
+            bytes: Arc::from(bytes),
+        }
     }
 
     fn parts(&self) -> (&[u8], &[u8]) {
-        let (len, rest) = self.0.split_at(4);
+        let (len, rest) = self.bytes.split_at(4);
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
         rest.split_at(len)
-    }
-}
-
-impl std::borrow::Borrow<[u8]> for Identity {
-    fn borrow(&self) -> &[u8] {
-        &self.0
     }
 }
 
@@ -102,28 +107,16 @@ impl<'de> Deserialize<'de> for Identity {
 /// was remembered.
 type ExpiryKey = (u64, u64);
 
-/// The remembered answers, by identity (hashed: the table holds up to
-/// [`CAPACITY`] answers and is looked up on every write) and by expiry.
-#[derive(Debug, Clone)]
+/// The remembered answers, by identity and by expiry. (A B-tree, not a
+/// hash map: with answers coming and going all the time a hash table
+/// periodically rebuilds itself to clear deleted slots, stalling the write
+/// that triggers it.)
+#[derive(Debug, Clone, Default)]
 pub(crate) struct DedupTable {
-    entries: HashMap<Identity, (Remembered, ExpiryKey), foldhash::fast::FixedState>,
+    entries: BTreeMap<Identity, (Remembered, ExpiryKey)>,
     by_expiry: BTreeMap<ExpiryKey, Identity>,
     /// Numbers answers in the order they were remembered.
     next_seq: u64,
-}
-
-impl Default for DedupTable {
-    /// Sized for [`CAPACITY`] answers from the start: growing a hash table
-    /// of that size moves every answer at once, which would stall the
-    /// write that happens to trigger it. Of the space reserved, only the
-    /// table's control bytes (about 128 KiB) are touched before use.
-    fn default() -> Self {
-        DedupTable {
-            entries: HashMap::with_capacity_and_hasher(CAPACITY, Default::default()),
-            by_expiry: BTreeMap::new(),
-            next_seq: 0,
-        }
-    }
 }
 
 /// Equal when the same answers are remembered in the same eviction order
@@ -178,7 +171,7 @@ impl DedupTable {
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
         let (remembered, _) = self
             .entries
-            .get(&probe(&id.client_id, &id.correlation)[..])?;
+            .get(&Identity::new(&id.client_id, &id.correlation))?;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
