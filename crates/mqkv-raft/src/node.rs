@@ -39,7 +39,9 @@ pub struct NodeOptions {
     pub advertise_addr: String,
     /// Build a snapshot once this many log entries were applied since the
     /// last one. A log entry carries one write, or several written
-    /// concurrently (group commit).
+    /// concurrently (group commit). Should a snapshot take so long that the
+    /// log reaches twice this plus [`Self::logs_kept_after_snapshot`],
+    /// writes wait for it.
     pub snapshot_every: u64,
     /// Also build a snapshot once the log written since the last one is
     /// larger than this many bytes and than that snapshot (so a run of big
@@ -273,6 +275,14 @@ async fn open(
         let state = state.clone();
         let counters = counters.clone();
         let snapshot_log_bytes = options.snapshot_log_bytes;
+        let log_for_proposer = log_shared.clone();
+        // Two snapshot periods (one being built while the next fills) and
+        // the entries kept behind a snapshot.
+        let max_log_entries = options
+            .snapshot_every
+            .max(1)
+            .saturating_mul(2)
+            .saturating_add(options.logs_kept_after_snapshot);
         // Raft's tasks, and the proposer's, are spawned on the raft thread.
         thread
             .run(async move {
@@ -285,7 +295,13 @@ async fn open(
                 )
                 .await
                 .map_err(start_error)?;
-                let proposer = Proposer::start(raft.clone(), counters, snapshot_log_bytes);
+                let proposer = Proposer::start(
+                    raft.clone(),
+                    counters,
+                    snapshot_log_bytes,
+                    log_for_proposer,
+                    max_log_entries,
+                );
                 Ok::<_, OpenError>((raft, proposer))
             })
             .await

@@ -34,11 +34,17 @@ use openraft::Raft;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+use crate::log_store::LogShared;
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{Outcome, Proposal, TypeConfig};
 use crate::WriteError;
 
+/// How soon an idle proposer asks again for a snapshot that the log's size
+/// calls for.
+const SNAPSHOT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+/// How long a proposal waits between looks at a full log.
+const LOG_FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// Most entries in one proposal.
 const MAX_ENTRIES: usize = 1024;
 /// Rough byte budget of one proposal; a single larger entry still goes
@@ -61,16 +67,21 @@ pub(crate) struct Proposer {
 impl Proposer {
     /// Starts proposing to `raft`. A snapshot is requested whenever the log
     /// written since the last one exceeds both `snapshot_log_bytes` and
-    /// the size of that snapshot.
+    /// the size of that snapshot. No proposal is made while `log` holds
+    /// `max_entries` or more: writes wait for a snapshot to let raft purge.
     pub(crate) fn start(
         raft: Raft<TypeConfig>,
         counters: Arc<Counters>,
         snapshot_log_bytes: u64,
+        log: Arc<LogShared>,
+        max_entries: u64,
     ) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
         let log_limit = LogLimit {
             counters,
             floor: snapshot_log_bytes,
+            log,
+            max_entries,
         };
         let task = tokio::spawn(run(raft, rx, Arc::new(log_limit)));
         Proposer {
@@ -102,6 +113,8 @@ impl Proposer {
 struct LogLimit {
     counters: Arc<Counters>,
     floor: u64,
+    log: Arc<LogShared>,
+    max_entries: u64,
 }
 
 impl LogLimit {
@@ -117,9 +130,35 @@ async fn run(
     log_limit: Arc<LogLimit>,
 ) {
     loop {
-        let Some(first) = rx.recv().await else {
-            return;
+        let first = loop {
+            if !log_limit.exceeded() {
+                match rx.recv().await {
+                    Some(pending) => break pending,
+                    None => return,
+                }
+            }
+            // The log is over its budget: the snapshot asked for after the
+            // last proposal was ignored because one was being built. Ask
+            // again shortly, unless a write comes first (and asks itself).
+            tokio::select! {
+                pending = rx.recv() => match pending {
+                    Some(pending) => break pending,
+                    None => return,
+                },
+                () = tokio::time::sleep(SNAPSHOT_RETRY) => {
+                    let _ = raft.trigger().snapshot().await;
+                }
+            }
         };
+        // Snapshots are built beside the writes; should one take longer than
+        // the log allows (a loaded machine, a large state), writes wait for
+        // it rather than let the log, and the replay after a crash, grow.
+        while log_limit.log.len() >= log_limit.max_entries {
+            if raft.trigger().snapshot().await.is_err() {
+                break;
+            }
+            tokio::time::sleep(LOG_FULL_WAIT).await;
+        }
         let mut bytes = approximate_size(&first.entry);
         let mut batch = vec![first];
         while batch.len() < MAX_ENTRIES && bytes < MAX_BYTES {

@@ -151,6 +151,9 @@ impl StateShared {
             *lock(&self.current) = Some(meta.clone());
             return Ok((meta, Vec::new()));
         }
+        // Log written from here on (while the snapshot is serialized and
+        // saved) is not in it and still counts towards the next one.
+        let covered = Counters::get(&self.counters.log_bytes_since_snapshot);
         let (meta, data) = self.serialize()?;
         let written = self
             .file
@@ -158,7 +161,7 @@ impl StateShared {
             .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
         if written {
             Counters::add(&self.counters.snapshots_built, 1);
-            self.counters.snapshot_taken(data.len() as u64);
+            self.counters.snapshot_covers(covered, data.len() as u64);
             *lock(&self.current) = Some(meta.clone());
         }
         Ok((meta, data))

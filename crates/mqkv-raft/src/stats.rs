@@ -52,4 +52,16 @@ impl Counters {
         Self::set(&self.snapshot_bytes, bytes);
         Self::set(&self.log_bytes_since_snapshot, 0);
     }
+
+    /// A snapshot of `bytes` now covers the first `covered` bytes of log
+    /// counted since the previous one; what was written after them still
+    /// counts.
+    pub(crate) fn snapshot_covers(&self, covered: u64, bytes: u64) {
+        Self::set(&self.snapshot_bytes, bytes);
+        let _ =
+            self.log_bytes_since_snapshot
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(covered))
+                });
+    }
 }
