@@ -102,6 +102,8 @@ mod tests;
 
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
+#[doc(hidden)]
+pub use log_file::replay_segment;
 pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
 pub use state_machine::ApplyHook;

@@ -380,6 +380,20 @@ fn lock(dir: &Path) -> Result<File, OpenError> {
     }
 }
 
+/// Replays one segment given as bytes, as opening a store does, and
+/// returns the length of its valid part (what opening keeps of the newest
+/// segment). For fuzzing the segment decoder; not part of the API.
+#[doc(hidden)]
+pub fn replay_segment(bytes: &[u8], newest: bool) -> Result<u64, String> {
+    let path = Path::new("segment");
+    let mut replay = Replay::default();
+    let (valid, _) = replay
+        .segment(1, bytes, newest, path)
+        .map_err(|e| e.to_string())?;
+    replay.finish(path).map_err(|e| e.to_string())?;
+    Ok(valid)
+}
+
 fn all_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
