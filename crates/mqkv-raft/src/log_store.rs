@@ -279,6 +279,11 @@ impl LogShared {
         sync::lock(&self.log)
     }
 
+    /// Index of the newest entry, or of the last purged one if none is left.
+    pub(crate) fn last_index(&self) -> Option<u64> {
+        self.lock().last_id().map(|id| id.index)
+    }
+
     /// Entries currently in the log (not yet purged).
     pub(crate) fn len(&self) -> u64 {
         self.lock().slots.len() as u64

@@ -39,9 +39,9 @@ pub struct NodeOptions {
     pub advertise_addr: String,
     /// Build a snapshot once this many log entries were applied since the
     /// last one. A log entry carries one write, or several written
-    /// concurrently (group commit). Should a snapshot take so long that the
-    /// log reaches twice this plus [`Self::logs_kept_after_snapshot`],
-    /// writes wait for it.
+    /// concurrently (group commit). Should a snapshot take so long that
+    /// twice this many entries follow the newest one, writes wait for it
+    /// (up to 5 s).
     pub snapshot_every: u64,
     /// Also build a snapshot once the log written since the last one is
     /// larger than this many bytes and than that snapshot (so a run of big
@@ -276,13 +276,9 @@ async fn open(
         let counters = counters.clone();
         let snapshot_log_bytes = options.snapshot_log_bytes;
         let log_for_proposer = log_shared.clone();
-        // Two snapshot periods (one being built while the next fills) and
-        // the entries kept behind a snapshot.
-        let max_log_entries = options
-            .snapshot_every
-            .max(1)
-            .saturating_mul(2)
-            .saturating_add(options.logs_kept_after_snapshot);
+        let state_for_proposer = state.clone();
+        // Two snapshot periods: one being built while the next fills.
+        let max_log_entries = options.snapshot_every.max(1).saturating_mul(2);
         // Raft's tasks, and the proposer's, are spawned on the raft thread.
         thread
             .run(async move {
@@ -300,6 +296,7 @@ async fn open(
                     counters,
                     snapshot_log_bytes,
                     log_for_proposer,
+                    state_for_proposer,
                     max_log_entries,
                 );
                 Ok::<_, OpenError>((raft, proposer))

@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::log_store::LogShared;
+use crate::state_machine::StateShared;
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{Outcome, Proposal, TypeConfig};
@@ -43,6 +44,8 @@ use crate::WriteError;
 /// How soon an idle proposer asks again for a snapshot that the log's size
 /// calls for.
 const SNAPSHOT_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+/// Longest a proposal waits for a snapshot to shorten a full log.
+const LOG_FULL_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a proposal waits between looks at a full log.
 const LOG_FULL_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// Most entries in one proposal.
@@ -68,12 +71,14 @@ impl Proposer {
     /// Starts proposing to `raft`. A snapshot is requested whenever the log
     /// written since the last one exceeds both `snapshot_log_bytes` and
     /// the size of that snapshot. No proposal is made while `log` holds
-    /// `max_entries` or more: writes wait for a snapshot to let raft purge.
+    /// `max_entries` or more entries past the newest snapshot of `state`:
+    /// writes wait (up to [`LOG_FULL_MAX_WAIT`]) for a snapshot.
     pub(crate) fn start(
         raft: Raft<TypeConfig>,
         counters: Arc<Counters>,
         snapshot_log_bytes: u64,
         log: Arc<LogShared>,
+        state: Arc<StateShared>,
         max_entries: u64,
     ) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -81,6 +86,7 @@ impl Proposer {
             counters,
             floor: snapshot_log_bytes,
             log,
+            state,
             max_entries,
         };
         let task = tokio::spawn(run(raft, rx, Arc::new(log_limit)));
@@ -114,10 +120,20 @@ struct LogLimit {
     counters: Arc<Counters>,
     floor: u64,
     log: Arc<LogShared>,
+    state: Arc<StateShared>,
     max_entries: u64,
 }
 
 impl LogLimit {
+    /// Entries past the newest snapshot: what a restart would replay.
+    fn unsnapshotted(&self) -> u64 {
+        match (self.log.last_index(), self.state.snapshot_index()) {
+            (Some(last), Some(snapshot)) => last.saturating_sub(snapshot),
+            (Some(last), None) => last.saturating_add(1),
+            (None, _) => 0,
+        }
+    }
+
     fn exceeded(&self) -> bool {
         let since = Counters::get(&self.counters.log_bytes_since_snapshot);
         since > self.floor.max(Counters::get(&self.counters.snapshot_bytes))
@@ -152,8 +168,18 @@ async fn run(
         };
         // Snapshots are built beside the writes; should one take longer than
         // the log allows (a loaded machine, a large state), writes wait for
-        // it rather than let the log, and the replay after a crash, grow.
-        while log_limit.log.len() >= log_limit.max_entries {
+        // it rather than let the log, and the replay after a crash, grow;
+        // but not forever (a snapshot that keeps failing must not stop
+        // every write).
+        let waiting = tokio::time::Instant::now();
+        while log_limit.unsnapshotted() >= log_limit.max_entries {
+            if waiting.elapsed() > LOG_FULL_MAX_WAIT {
+                tracing::warn!(
+                    entries = log_limit.unsnapshotted(),
+                    "no snapshot came to shorten the log; writing on"
+                );
+                break;
+            }
             if raft.trigger().snapshot().await.is_err() {
                 break;
             }
