@@ -208,13 +208,12 @@ fn create_complete(
     write_meta(&db, kind, init).map_err(|e| storage_error(&partial, e))?;
     db.close().map_err(|e| open_error(&partial, e))?;
     fs::rename(&partial, path).map_err(|e| io_error(path, e))?;
-    sync_dir(dir)
+    sync_dir(dir).map_err(|e| io_error(dir, e))
 }
 
-fn sync_dir(dir: &Path) -> Result<(), OpenError> {
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(dir, e))
+/// Makes the entries of `dir` (files created, renamed or removed) durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    fs::File::open(dir)?.sync_all()
 }
 
 fn open_file(path: &Path, kind: FileKind) -> Result<Database, OpenError> {

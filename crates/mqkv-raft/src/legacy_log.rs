@@ -16,7 +16,9 @@ use std::path::Path;
 use redb::{Database, ReadableDatabase, TableDefinition, TableError};
 use serde::de::DeserializeOwned;
 
-use crate::files::{corrupt, decode_u64, io_error, open_legacy_log, read_meta, storage_error};
+use crate::files::{
+    corrupt, decode_u64, io_error, open_legacy_log, read_meta, storage_error, sync_dir,
+};
 use crate::log_file::{self, Record};
 use crate::types::{LogId, RaftEntry, Vote};
 use crate::OpenError;
@@ -43,9 +45,7 @@ pub(crate) fn convert(data_dir: &Path) -> Result<(), OpenError> {
         tracing::info!(from = %path.display(), to = %log_dir.display(), "converted the raft log to segment files");
     }
     fs::remove_file(&path).map_err(|e| io_error(&path, e))?;
-    fs::File::open(data_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(data_dir, e))
+    sync_dir(data_dir).map_err(|e| io_error(data_dir, e))
 }
 
 fn decode<T: DeserializeOwned>(bytes: &[u8], path: &Path, what: &str) -> Result<T, OpenError> {

@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::files::{corrupt, io_error};
+use crate::files::{corrupt, io_error, sync_dir};
 use crate::types::{LogId, NodeId, RaftEntry, Vote};
 use crate::OpenError;
 
@@ -152,10 +152,6 @@ pub(crate) fn dir_of(data_dir: &Path) -> PathBuf {
 
 fn segment_name(seq: u64) -> String {
     format!("{seq:020}.{SEGMENT_EXT}")
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 fn encode(record: &Record, out: &mut Vec<u8>) -> io::Result<usize> {
