@@ -696,6 +696,45 @@ fn file_names(dir: &Path) -> Vec<(PathBuf, u64)> {
     names
 }
 
+/// Opens the store in `dir` and checks that it is refused as corrupt, with
+/// an error naming one of `named`, and that no file under `dir` was
+/// created, removed or resized.
+async fn assert_refused_as_corrupt(dir: &Path, named: &[&Path], case: &str) {
+    let names = file_names(dir);
+    let result =
+        StoreNode::open_disk_with(dir, config(), Recorder::default().hook(), small_segments())
+            .await;
+    let error = match result {
+        Ok(node) => {
+            node.shutdown().await.unwrap();
+            panic!("{case}: opened");
+        }
+        Err(error) => error,
+    };
+    assert!(
+        matches!(error, OpenError::Corrupt { .. }),
+        "{case}: {error}"
+    );
+    let message = error.to_string();
+    assert!(
+        named
+            .iter()
+            .any(|path| message.contains(&path.display().to_string())),
+        "{case}: {error}"
+    );
+    assert_eq!(file_names(dir), names, "{case}: files were changed");
+}
+
+/// Writes `entry` to `node` (checking its answer against `direct`), then
+/// restarts the store in `dir` and checks that it comes back as `direct`.
+async fn write_then_restart(dir: &Path, node: StoreNode, direct: &mut StateMachine, entry: Entry) {
+    write_both(&node, direct, entry).await;
+    node.shutdown().await.unwrap();
+    let (node, _) = open(dir, small_segments()).await;
+    assert_eq!(snapshot_of(&node), *direct);
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_files_are_refused_and_left_untouched() {
     let original = tempfile::tempdir().unwrap();
@@ -713,37 +752,13 @@ async fn damaged_files_are_refused_and_left_untouched() {
             let mut bytes = std::fs::read(&path).unwrap();
             damage(&mut bytes);
             std::fs::write(&path, &bytes).unwrap();
-            let names = file_names(dir.path());
 
-            let result = StoreNode::open_disk_with(
-                dir.path(),
-                config(),
-                Recorder::default().hook(),
-                small_segments(),
-            )
-            .await;
-            let error = match result {
-                Ok(node) => {
-                    node.shutdown().await.unwrap();
-                    panic!("{case}: opened");
-                }
-                Err(error) => error,
-            };
-            assert!(
-                matches!(error, OpenError::Corrupt { .. }),
-                "{case}: {error}"
-            );
-            let named = error.to_string();
-            assert!(
-                named.contains(&path.display().to_string())
-                    || named.contains(&log_dir(dir.path()).display().to_string()),
-                "{case}: {error}"
-            );
+            let log = log_dir(dir.path());
+            assert_refused_as_corrupt(dir.path(), &[&path, &log], &case).await;
             assert!(
                 std::fs::read(&path).unwrap() == bytes,
                 "{case}: the damaged file was modified"
             );
-            assert_eq!(file_names(dir.path()), names, "{case}: files were changed");
         }
     }
     // The undamaged original still opens with everything in it.
@@ -795,11 +810,7 @@ async fn an_interrupted_log_write_is_cut_off() {
     assert!(recorder.seen().is_empty());
     assert_eq!(std::fs::metadata(&newest).unwrap().len(), intact);
     // Writing goes on after the cut, and survives a restart.
-    write_both(&node, &mut direct, set(T0 + 100, "after", "cut")).await;
-    node.shutdown().await.unwrap();
-    let (node, _) = open(dir.path(), small_segments()).await;
-    assert_eq!(snapshot_of(&node), direct);
-    node.shutdown().await.unwrap();
+    write_then_restart(dir.path(), node, &mut direct, set(T0 + 100, "after", "cut")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -808,22 +819,7 @@ async fn an_incomplete_frame_before_the_end_of_the_log_is_refused() {
     create_store(dir.path()).await;
     let oldest = Target::OldestSegment.path(dir.path());
     append_to(&oldest, &interrupted_frame());
-    let names = file_names(dir.path());
-    let error = StoreNode::open_disk_with(
-        dir.path(),
-        config(),
-        Recorder::default().hook(),
-        small_segments(),
-    )
-    .await
-    .err()
-    .expect("a torn frame in an older segment must be refused");
-    assert!(matches!(error, OpenError::Corrupt { .. }), "{error}");
-    assert!(
-        error.to_string().contains(&oldest.display().to_string()),
-        "{error}"
-    );
-    assert_eq!(file_names(dir.path()), names);
+    assert_refused_as_corrupt(dir.path(), &[&oldest], "a torn frame in an older segment").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1275,11 +1271,13 @@ async fn a_log_of_earlier_versions_is_converted() {
     assert!(recorder.seen().is_empty());
     assert!(!dir.path().join("raft-log.redb").exists());
     assert!(log_dir(dir.path()).exists());
-    write_both(&node, &mut direct, set(T0 + 300, "after", "conversion")).await;
-    node.shutdown().await.unwrap();
-    let (node, _) = open(dir.path(), small_segments()).await;
-    assert_eq!(snapshot_of(&node), direct);
-    node.shutdown().await.unwrap();
+    write_then_restart(
+        dir.path(),
+        node,
+        &mut direct,
+        set(T0 + 300, "after", "conversion"),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1291,15 +1289,5 @@ async fn a_damaged_log_of_earlier_versions_is_refused_and_kept() {
     let mut bytes = std::fs::read(&legacy).unwrap();
     bytes.truncate(bytes.len() / 2);
     std::fs::write(&legacy, &bytes).unwrap();
-    let names = file_names(dir.path());
-    let error = StoreNode::open_disk(dir.path(), config(), Recorder::default().hook())
-        .await
-        .err()
-        .expect("a damaged old log must be refused");
-    assert!(matches!(error, OpenError::Corrupt { .. }), "{error}");
-    assert!(
-        error.to_string().contains(&legacy.display().to_string()),
-        "{error}"
-    );
-    assert_eq!(file_names(dir.path()), names);
+    assert_refused_as_corrupt(dir.path(), &[&legacy], "a damaged old log").await;
 }
