@@ -145,46 +145,8 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Pending>,
     log_limit: Arc<LogLimit>,
 ) {
-    loop {
-        let first = loop {
-            if !log_limit.exceeded() {
-                match rx.recv().await {
-                    Some(pending) => break pending,
-                    None => return,
-                }
-            }
-            // The log is over its budget: the snapshot asked for after the
-            // last proposal was ignored because one was being built. Ask
-            // again shortly, unless a write comes first (and asks itself).
-            tokio::select! {
-                pending = rx.recv() => match pending {
-                    Some(pending) => break pending,
-                    None => return,
-                },
-                () = tokio::time::sleep(SNAPSHOT_RETRY) => {
-                    let _ = raft.trigger().snapshot().await;
-                }
-            }
-        };
-        // Snapshots are built beside the writes; should one take longer than
-        // the log allows (a loaded machine, a large state), writes wait for
-        // it rather than let the log, and the replay after a crash, grow;
-        // but not forever (a snapshot that keeps failing must not stop
-        // every write).
-        let waiting = tokio::time::Instant::now();
-        while log_limit.unsnapshotted() >= log_limit.max_entries {
-            if waiting.elapsed() > LOG_FULL_MAX_WAIT {
-                tracing::warn!(
-                    entries = log_limit.unsnapshotted(),
-                    "no snapshot came to shorten the log; writing on"
-                );
-                break;
-            }
-            if raft.trigger().snapshot().await.is_err() {
-                break;
-            }
-            tokio::time::sleep(LOG_FULL_WAIT).await;
-        }
+    while let Some(first) = next_write(&mut rx, &raft, &log_limit).await {
+        wait_for_room(&raft, &log_limit).await;
         let mut bytes = approximate_size(&first.entry);
         let mut batch = vec![first];
         while batch.len() < MAX_ENTRIES && bytes < MAX_BYTES {
@@ -214,6 +176,48 @@ async fn run(
             // means raft stopped, which the next write reports.
             let _ = raft.trigger().snapshot().await;
         }
+    }
+}
+
+/// The next queued write, or `None` once nobody can propose any more.
+/// While the log is over its byte budget the snapshot asked for after the
+/// last proposal may have been ignored (one was being built): an idle
+/// proposer asks again every [`SNAPSHOT_RETRY`] until a write comes (and
+/// asks itself).
+async fn next_write(
+    rx: &mut mpsc::UnboundedReceiver<Pending>,
+    raft: &Raft<TypeConfig>,
+    log_limit: &LogLimit,
+) -> Option<Pending> {
+    while log_limit.exceeded() {
+        tokio::select! {
+            pending = rx.recv() => return pending,
+            () = tokio::time::sleep(SNAPSHOT_RETRY) => {
+                let _ = raft.trigger().snapshot().await;
+            }
+        }
+    }
+    rx.recv().await
+}
+
+/// Snapshots are built beside the writes; should one take longer than the
+/// log allows (a loaded machine, a large state), writes wait for it rather
+/// than let the log, and the replay after a crash, grow; but not forever (a
+/// snapshot that keeps failing must not stop every write).
+async fn wait_for_room(raft: &Raft<TypeConfig>, log_limit: &LogLimit) {
+    let waiting = tokio::time::Instant::now();
+    while log_limit.unsnapshotted() >= log_limit.max_entries {
+        if waiting.elapsed() > LOG_FULL_MAX_WAIT {
+            tracing::warn!(
+                entries = log_limit.unsnapshotted(),
+                "no snapshot came to shorten the log; writing on"
+            );
+            return;
+        }
+        if raft.trigger().snapshot().await.is_err() {
+            return;
+        }
+        tokio::time::sleep(LOG_FULL_WAIT).await;
     }
 }
 
