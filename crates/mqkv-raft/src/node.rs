@@ -276,7 +276,6 @@ async fn open(
         let counters = counters.clone();
         let snapshot_log_bytes = options.snapshot_log_bytes;
         let log_for_proposer = log_shared.clone();
-        let state_for_proposer = state.clone();
         // Two snapshot periods: one being built while the next fills.
         let max_log_entries = options.snapshot_every.max(1).saturating_mul(2);
         // Raft's tasks, and the proposer's, are spawned on the raft thread.
@@ -287,7 +286,7 @@ async fn open(
                     Arc::new(raft_config),
                     Network,
                     log,
-                    StateMachineStore::new(state),
+                    StateMachineStore::new(state.clone()),
                 )
                 .await
                 .map_err(start_error)?;
@@ -296,7 +295,7 @@ async fn open(
                     counters,
                     snapshot_log_bytes,
                     log_for_proposer,
-                    state_for_proposer,
+                    state,
                     max_log_entries,
                 );
                 Ok::<_, OpenError>((raft, proposer))
