@@ -22,9 +22,9 @@
 //!   them in that order and a restore keeps it).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use bytes::Bytes;
+use hashbrown::HashTable;
 use mqkv_protocol::{Hlc, Response};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -46,75 +46,96 @@ struct Remembered {
     version: Option<Hlc>,
 }
 
-/// Client id and correlation data in one shared allocation (the id's
-/// length as 4 bytes, the id, the correlation data), held by both indexes.
-/// A copy, never a slice of the request: that would keep the request's
-/// whole read buffer alive for as long as the answer is remembered.
-///
-/// Ordered by an XXH3 hash of those bytes first: identities of one client
-/// share a long prefix, so ordering by the bytes alone made every B-tree
-/// comparison a long `memcmp`.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Identity {
-    hash: u64,
-    bytes: Arc<[u8]>,
-}
-
-impl Identity {
-    fn new(client_id: &str, correlation: &[u8]) -> Identity {
-        let bytes = probe(client_id, correlation);
-        Identity {
-            hash: xxhash_rust::xxh3::xxh3_64(&bytes),
-            bytes: Arc::from(bytes),
-        }
-    }
-
-    fn parts(&self) -> (&[u8], &[u8]) {
-        let (len, rest) = self.bytes.split_at(4);
-        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        rest.split_at(len)
-    }
-}
-
-/// The bytes of an identity, for lookups.
-fn probe(client_id: &str, correlation: &[u8]) -> Vec<u8> {
-    // Client ids are MQTT strings: at most 65,535 bytes.
-    let len = u32::try_from(client_id.len()).unwrap_or(u32::MAX);
-    let mut bytes = Vec::with_capacity(4 + client_id.len() + correlation.len());
-    bytes.extend_from_slice(&len.to_le_bytes());
-    bytes.extend_from_slice(client_id.as_bytes());
-    bytes.extend_from_slice(correlation);
-    bytes
-}
-
-/// Stored as the pair `(client id, correlation data)`.
-impl Serialize for Identity {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let (client_id, correlation) = self.parts();
-        let client_id = std::str::from_utf8(client_id).map_err(serde::ser::Error::custom)?;
-        (client_id, Bytes::copy_from_slice(correlation)).serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for Identity {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let (client_id, correlation) = <(String, Bytes)>::deserialize(deserializer)?;
-        Ok(Identity::new(&client_id, &correlation))
-    }
-}
-
 /// Where an answer sits in the eviction order: its expiry, then when it
 /// was remembered.
 type ExpiryKey = (u64, u64);
 
-/// The remembered answers, by identity and by expiry. (A B-tree, not a
-/// hash map: with answers coming and going all the time a hash table
-/// periodically rebuilds itself to clear deleted slots, stalling the write
-/// that triggers it.)
+/// One remembered answer and whose it is.
+#[derive(Debug, Clone)]
+struct Slot {
+    /// [`identity_hash`] of the identity.
+    hash: u64,
+    /// The client id's length as 4 bytes, the client id, the correlation
+    /// data: one allocation, a copy (a slice of the request would keep its
+    /// whole read buffer alive for as long as the answer is remembered).
+    identity: Box<[u8]>,
+    remembered: Remembered,
+    key: ExpiryKey,
+}
+
+impl Slot {
+    fn parts(&self) -> (&[u8], &[u8]) {
+        let (len, rest) = self.identity.split_at(4);
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        rest.split_at(len)
+    }
+
+    fn is(&self, probe: &Probe<'_>) -> bool {
+        self.hash == probe.hash && self.parts() == (probe.client_id, probe.correlation)
+    }
+}
+
+/// An identity to look for, borrowed from the request.
+struct Probe<'a> {
+    hash: u64,
+    client_id: &'a [u8],
+    correlation: &'a [u8],
+}
+
+impl<'a> Probe<'a> {
+    fn new(client_id: &'a str, correlation: &'a [u8]) -> Probe<'a> {
+        let client_id = client_id.as_bytes();
+        Probe {
+            hash: identity_hash(client_id, correlation),
+            client_id,
+            correlation,
+        }
+    }
+
+    fn identity(&self) -> Box<[u8]> {
+        // Client ids are MQTT strings: at most 65,535 bytes.
+        let len = u32::try_from(self.client_id.len()).unwrap_or(u32::MAX);
+        let mut bytes = Vec::with_capacity(4 + self.client_id.len() + self.correlation.len());
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(self.client_id);
+        bytes.extend_from_slice(self.correlation);
+        bytes.into_boxed_slice()
+    }
+}
+
+/// Where an identity goes in the hash index. Held in memory only (rebuilt
+/// on load), so it may change between versions.
+fn identity_hash(client_id: &[u8], correlation: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(correlation, xxhash_rust::xxh3::xxh3_64(client_id))
+}
+
+/// The hash of the identity in slot `at`, for the index to rehash with.
+fn hash_at(slots: &[Option<Slot>], at: u32) -> u64 {
+    slots
+        .get(at as usize)
+        .and_then(Option::as_ref)
+        .map_or(0, |s| s.hash)
+}
+
+/// The remembered answers: a slab of slots, a hash index over it by
+/// identity, and the eviction order.
+///
+/// A hash index, not a B-tree by identity: every write looks its identity
+/// up and most remember one, and with the table full that was several
+/// cache-missing walks of a 100,000-entry tree per write. The index keeps
+/// its load under one half ([`DedupTable::make_room`]), so deleting rarely
+/// leaves a tombstone and the table almost never rebuilds itself in place,
+/// which would stall the write that triggers it. The eviction order is a
+/// B-tree keyed by expiry: answers mostly arrive in expiry order, so it is
+/// worked at its two ends.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DedupTable {
-    entries: BTreeMap<Identity, (Remembered, ExpiryKey)>,
-    by_expiry: BTreeMap<ExpiryKey, Identity>,
+    slots: Vec<Option<Slot>>,
+    /// Vacant positions in `slots`.
+    vacant: Vec<u32>,
+    /// Positions of the occupied slots, by [`Slot::hash`].
+    index: HashTable<u32>,
+    by_expiry: BTreeMap<ExpiryKey, u32>,
     /// Numbers answers in the order they were remembered.
     next_seq: u64,
 }
@@ -123,11 +144,11 @@ pub(crate) struct DedupTable {
 /// (the numbering itself may differ: a restored table renumbers).
 impl PartialEq for DedupTable {
     fn eq(&self, other: &Self) -> bool {
-        self.entries.len() == other.entries.len()
+        self.len() == other.len()
             && self
                 .in_order()
                 .zip(other.in_order())
-                .all(|((a_id, a), (b_id, b))| a_id == b_id && a == b)
+                .all(|(a, b)| a.identity == b.identity && a.remembered == b.remembered)
     }
 }
 
@@ -135,43 +156,101 @@ impl Eq for DedupTable {}
 
 impl DedupTable {
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
+    }
+
+    fn slot(&self, at: u32) -> Option<&Slot> {
+        self.slots.get(at as usize).and_then(Option::as_ref)
     }
 
     /// The answers in eviction order.
-    fn in_order(&self) -> impl Iterator<Item = (&Identity, &Remembered)> {
-        self.by_expiry
-            .values()
-            .filter_map(|id| self.entries.get(id).map(|(remembered, _)| (id, remembered)))
+    fn in_order(&self) -> impl Iterator<Item = &Slot> {
+        self.by_expiry.values().filter_map(|&at| self.slot(at))
+    }
+
+    /// Where the answer to this identity is, if remembered.
+    fn position(&self, probe: &Probe<'_>) -> Option<u32> {
+        self.index
+            .find(probe.hash, |&at| self.slot(at).is_some_and(|s| s.is(probe)))
+            .copied()
+    }
+
+    /// Forgets the answer in slot `at`.
+    fn forget(&mut self, at: u32) {
+        let Some(slot) = self.slots.get_mut(at as usize).and_then(Option::take) else {
+            return;
+        };
+        if let Ok(entry) = self.index.find_entry(slot.hash, |&other| other == at) {
+            entry.remove();
+        }
+        self.by_expiry.remove(&slot.key);
+        self.vacant.push(at);
+        if self.index.is_empty() {
+            // Give the memory of a burst back once it has all expired.
+            *self = DedupTable {
+                next_seq: self.next_seq,
+                ..DedupTable::default()
+            };
+        }
     }
 
     /// Forgets every answer whose expiry is at or before `now_ms`.
     pub(crate) fn prune(&mut self, now_ms: u64) {
-        while let Some((&(expires_at_ms, _), _)) = self.by_expiry.first_key_value() {
+        while let Some((&(expires_at_ms, _), &at)) = self.by_expiry.first_key_value() {
             if expires_at_ms > now_ms {
                 break;
             }
-            if let Some((_, id)) = self.by_expiry.pop_first() {
-                self.entries.remove(&id);
-            }
+            self.by_expiry.pop_first();
+            self.forget(at);
         }
     }
 
-    fn insert(&mut self, id: Identity, remembered: Remembered) {
+    /// Grows the index while it is half full, so that it stays at most
+    /// half full.
+    fn make_room(&mut self) {
+        if self.index.len() * 2 >= self.index.capacity() {
+            let slots = &self.slots;
+            let additional = self.index.len().max(16);
+            self.index.reserve(additional, |&at| hash_at(slots, at));
+        }
+    }
+
+    fn insert(&mut self, probe: &Probe<'_>, remembered: Remembered) {
+        if let Some(at) = self.position(probe) {
+            self.forget(at);
+        }
         let key = (remembered.expires_at_ms, self.next_seq);
         self.next_seq += 1;
-        if let Some((_, old)) = self.entries.insert(id.clone(), (remembered, key)) {
-            self.by_expiry.remove(&old);
-        }
-        self.by_expiry.insert(key, id);
+        let slot = Slot {
+            hash: probe.hash,
+            identity: probe.identity(),
+            remembered,
+            key,
+        };
+        let at = match self.vacant.pop() {
+            Some(at) => {
+                self.slots[at as usize] = Some(slot);
+                at
+            }
+            None => {
+                // At most CAPACITY slots are ever in use.
+                let at = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                self.slots.push(Some(slot));
+                at
+            }
+        };
+        self.make_room();
+        let slots = &self.slots;
+        self.index
+            .insert_unique(probe.hash, at, |&at| hash_at(slots, at));
+        self.by_expiry.insert(key, at);
     }
 
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let (remembered, _) = self
-            .entries
-            .get(&Identity::new(&id.client_id, &id.correlation))?;
+        let at = self.position(&Probe::new(&id.client_id, &id.correlation))?;
+        let remembered = &self.slot(at)?.remembered;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
@@ -190,18 +269,18 @@ impl DedupTable {
         if expires_at_ms <= now_ms {
             return;
         }
-        let key = Identity::new(&id.client_id, &id.correlation);
-        if let Some((_, old)) = self.entries.remove(&key) {
-            self.by_expiry.remove(&old);
+        let probe = Probe::new(&id.client_id, &id.correlation);
+        if let Some(at) = self.position(&probe) {
+            self.forget(at);
         }
-        while self.entries.len() >= CAPACITY {
+        while self.len() >= CAPACITY {
             let Some((_, evicted)) = self.by_expiry.pop_first() else {
                 break;
             };
-            self.entries.remove(&evicted);
+            self.forget(evicted);
         }
         self.insert(
-            key,
+            &probe,
             Remembered {
                 expires_at_ms,
                 fingerprint,
@@ -222,18 +301,26 @@ pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&command.encode())
 }
 
-/// Serialized as a flat list in eviction order; the expiry index is rebuilt
-/// on load so the two can never disagree in a snapshot.
+/// The bytes of an identity's correlation data, as `Bytes` serializes.
+struct Correlation<'a>(&'a [u8]);
+
+impl Serialize for Correlation<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// Serialized as a flat list of `((client id, correlation data), answer)`
+/// in eviction order; the indexes are rebuilt on load so they can never
+/// disagree with the list in a snapshot.
 impl Serialize for DedupTable {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
-        let mut list = serializer.serialize_seq(Some(self.by_expiry.len()))?;
-        for id in self.by_expiry.values() {
-            let (remembered, _) = self
-                .entries
-                .get(id)
-                .ok_or_else(|| S::Error::custom("the expiry index names a forgotten answer"))?;
-            list.serialize_element(&(id, remembered))?;
+        let mut list = serializer.serialize_seq(Some(self.len()))?;
+        for slot in self.in_order() {
+            let (client_id, correlation) = slot.parts();
+            let client_id = std::str::from_utf8(client_id).map_err(S::Error::custom)?;
+            list.serialize_element(&((client_id, Correlation(correlation)), &slot.remembered))?;
         }
         list.end()
     }
@@ -241,15 +328,15 @@ impl Serialize for DedupTable {
 
 impl<'de> Deserialize<'de> for DedupTable {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut list: Vec<(Identity, Remembered)> = Vec::deserialize(deserializer)?;
+        let mut list: Vec<((String, Bytes), Remembered)> = Vec::deserialize(deserializer)?;
         // Eviction order is by expiry, then by position in the list (older
         // snapshots listed answers by identity, which was their tie order).
         list.sort_by_key(|(_, remembered)| remembered.expires_at_ms);
         let mut table = DedupTable::default();
-        for (key, remembered) in list {
+        for ((client_id, correlation), remembered) in list {
             // A repeated identity keeps its last answer, and only that
             // answer's expiry stays indexed.
-            table.insert(key, remembered);
+            table.insert(&Probe::new(&client_id, &correlation), remembered);
         }
         Ok(table)
     }
@@ -444,7 +531,7 @@ mod tests {
             response: Response::Ok,
             version: None,
         };
-        let key = Identity::new("c", b"x");
+        let key = ("c".to_owned(), Bytes::from_static(b"x"));
         let list = vec![(key.clone(), remembered(10)), (key, remembered(90))];
         let mut restored: DedupTable =
             postcard::from_bytes(&postcard::to_allocvec(&list).unwrap()).unwrap();
@@ -456,6 +543,75 @@ mod tests {
             1,
             "a stale expiry must not evict the kept answer"
         );
+    }
+
+    /// The slab, the hash index and the eviction order describe the same
+    /// answers, and the index stays at most half full.
+    fn assert_consistent(table: &DedupTable) {
+        let occupied = table.slots.iter().filter(|s| s.is_some()).count();
+        assert_eq!(occupied, table.len());
+        assert_eq!(table.by_expiry.len(), table.len());
+        assert_eq!(table.vacant.len(), table.slots.len() - occupied);
+        for (key, &at) in &table.by_expiry {
+            let slot = table.slot(at).expect("the expiry order names an empty slot");
+            assert_eq!(slot.key, *key);
+            let (client_id, correlation) = slot.parts();
+            let probe = Probe {
+                hash: identity_hash(client_id, correlation),
+                client_id,
+                correlation,
+            };
+            assert_eq!(slot.hash, probe.hash);
+            assert_eq!(table.position(&probe), Some(at));
+        }
+        assert!(table.len() * 2 <= table.index.capacity().max(16));
+    }
+
+    #[test]
+    fn churn_keeps_the_indexes_in_step() {
+        let applied = Applied::reply(Response::Ok, None);
+        let mut table = DedupTable::default();
+        let mut remembered = Vec::new();
+        // Far more answers than fit, with expiries that mostly rise, some
+        // repeated identities, and pruning as time goes on.
+        let total = CAPACITY as u64 * 5 / 2;
+        let mut now = 0;
+        for i in 0..total {
+            now = i / 1_000;
+            let correlation = if i % 97 == 0 {
+                format!("{}", i / 2)
+            } else {
+                format!("{i}")
+            };
+            // The last few outlive everything before them.
+            let expires = if i + 64 >= total {
+                now + 10_000
+            } else {
+                now + 1_000 + (i * 7_919) % 500
+            };
+            table.remember(&id(&correlation, expires), i, &applied, now);
+            if i + 64 >= total {
+                remembered.push(correlation);
+            }
+            if i % 4_096 == 0 {
+                table.prune(now);
+                assert_consistent(&table);
+            }
+        }
+        assert_consistent(&table);
+        assert_eq!(table.len(), CAPACITY);
+        // The longest-lived answers are all there, each with its own
+        // fingerprint.
+        for (correlation, fingerprint) in remembered.iter().zip(total - 64..) {
+            assert!(table.lookup(&id(correlation, 0), fingerprint, now).is_some());
+            assert!(table.lookup(&id(correlation, 0), fingerprint + 1, now).is_none());
+        }
+        // Once everything has expired the table is empty and lets its
+        // memory go.
+        table.prune(u64::MAX);
+        assert_eq!(table.len(), 0);
+        assert_eq!(table.slots.capacity(), 0);
+        assert_consistent(&table);
     }
 
     #[test]
