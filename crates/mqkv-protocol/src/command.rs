@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::hlc::parse_decimal;
-use crate::resp::{bulk_len, put_array_header, put_bulk, Reader};
+use crate::resp::{bulk_len, put_array_header, put_bulk, Decimal, Reader};
 use crate::ErrorKind;
 
 /// SET condition.
@@ -88,58 +88,91 @@ impl Command {
     /// Encodes the request exactly as the SDKs do: upper-case verb and
     /// options, condition before PX, PX in integer milliseconds.
     pub fn encode(&self) -> Bytes {
-        // PX is the only argument not borrowed from `self`, so its text
-        // lives here, outside the argument list that borrows it.
+        // PX is the only argument not borrowed from `self`.
         let px = match self {
             Command::Set {
                 px_ms: Some(ms), ..
-            } => ms.to_string(),
-            _ => String::new(),
+            } => Some(Decimal::new(*ms)),
+            _ => None,
         };
-        let args: Vec<&[u8]> = match self {
+        let mut args = Args::default();
+        match self {
             Command::Set {
                 key,
                 value,
                 condition,
-                px_ms,
+                ..
             } => {
-                let mut args: Vec<&[u8]> = vec![b"SET", key, value];
+                args.push(b"SET");
+                args.push(key);
+                args.push(value);
                 match condition {
                     Some(SetCondition::Nx) => args.push(b"NX"),
                     Some(SetCondition::Nex) => args.push(b"NEX"),
                     None => {}
                 }
-                if px_ms.is_some() {
+                if let Some(px) = &px {
                     args.push(b"PX");
                     args.push(px.as_bytes());
                 }
-                args
             }
-            Command::Get { key } => vec![b"GET", key],
-            Command::Del { key } => vec![b"DEL", key],
-            Command::VDel { key, value } => vec![b"VDEL", key, value],
+            Command::Get { key } => {
+                args.push(b"GET");
+                args.push(key);
+            }
+            Command::Del { key } => {
+                args.push(b"DEL");
+                args.push(key);
+            }
+            Command::VDel { key, value } => {
+                args.push(b"VDEL");
+                args.push(key);
+                args.push(value);
+            }
             Command::KeyNotify { key, stop } => {
-                let mut args: Vec<&[u8]> = vec![b"KEYNOTIFY", key];
+                args.push(b"KEYNOTIFY");
+                args.push(key);
                 if *stop {
                     args.push(b"STOP");
                 }
-                args
             }
             Command::Scan { pattern, token } => {
-                let mut args: Vec<&[u8]> = vec![b"SCAN", pattern];
+                args.push(b"SCAN");
+                args.push(pattern);
                 if let Some(token) = token {
                     args.push(token);
                 }
-                args
             }
-        };
+        }
+        let args = args.as_slice();
         let size = 16 + args.iter().map(|a| bulk_len(a)).sum::<usize>();
         let mut out = BytesMut::with_capacity(size);
         put_array_header(&mut out, args.len());
-        for arg in &args {
+        for arg in args {
             put_bulk(&mut out, arg);
         }
         out.freeze()
+    }
+}
+
+/// The arguments of one request, at most six (`SET k v NX PX ms`), kept on
+/// the stack.
+#[derive(Default)]
+struct Args<'a> {
+    items: [&'a [u8]; 6],
+    len: usize,
+}
+
+impl<'a> Args<'a> {
+    fn push(&mut self, arg: &'a [u8]) {
+        if let Some(slot) = self.items.get_mut(self.len) {
+            *slot = arg;
+            self.len += 1;
+        }
+    }
+
+    fn as_slice(&self) -> &[&'a [u8]] {
+        &self.items[..self.len]
     }
 }
 

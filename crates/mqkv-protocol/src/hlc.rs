@@ -131,12 +131,26 @@ impl FromStr for Hlc {
 impl fmt::Display for Hlc {
     /// `%015d:%05d:%s`, the layout all three SDKs emit.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{:015}:{:05}:{}",
-            self.wall_ms, self.counter, self.node_id
-        )
+        // Every response carries one, so the digits are written directly
+        // rather than through `fmt`'s padding machinery.
+        write_padded(f, self.wall_ms, 15)?;
+        f.write_str(":")?;
+        write_padded(f, self.counter, 5)?;
+        f.write_str(":")?;
+        f.write_str(&self.node_id)
     }
+}
+
+/// Writes `n` in decimal, zero-padded to at least `width` digits.
+fn write_padded(f: &mut fmt::Formatter<'_>, n: u64, width: usize) -> fmt::Result {
+    const ZEROS: &str = "00000000000000000000";
+    let digits = crate::resp::Decimal::new(n);
+    let digits = digits.as_bytes();
+    if let Some(pad) = ZEROS.get(..width.saturating_sub(digits.len())) {
+        f.write_str(pad)?;
+    }
+    // Only ASCII digits.
+    f.write_str(std::str::from_utf8(digits).map_err(|_| fmt::Error)?)
 }
 
 /// The server's clock `(L, C)` plus its node id. Pure: the caller supplies

@@ -157,17 +157,48 @@ fn parse_unsigned(digits: &[u8]) -> Option<u64> {
     })
 }
 
+/// The decimal digits of a `u64`, formatted without `fmt` or allocating.
+pub(crate) struct Decimal {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl Decimal {
+    pub(crate) fn new(mut n: u64) -> Decimal {
+        let mut digits = [0u8; 20];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        Decimal { digits, start }
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
+}
+
+/// Appends `n` in decimal.
+pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
+    out.put_slice(Decimal::new(n).as_bytes());
+}
+
 /// Appends `*<n>\r\n`.
 pub(crate) fn put_array_header(out: &mut BytesMut, n: usize) {
     out.put_u8(b'*');
-    out.put_slice(n.to_string().as_bytes());
+    put_decimal(out, n as u64);
     out.put_slice(b"\r\n");
 }
 
 /// Appends `$<len>\r\n<bytes>\r\n`.
 pub(crate) fn put_bulk(out: &mut BytesMut, bytes: &[u8]) {
     out.put_u8(b'$');
-    out.put_slice(bytes.len().to_string().as_bytes());
+    put_decimal(out, bytes.len() as u64);
     out.put_slice(b"\r\n");
     out.put_slice(bytes);
     out.put_slice(b"\r\n");
@@ -184,6 +215,15 @@ mod tests {
 
     fn ranges_to_vecs(buf: &[u8], ranges: &[Range<usize>]) -> Vec<Vec<u8>> {
         ranges.iter().map(|r| buf[r.clone()].to_vec()).collect()
+    }
+
+    #[test]
+    fn decimals_match_std_formatting() {
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            let mut out = BytesMut::new();
+            put_decimal(&mut out, n);
+            assert_eq!(&out[..], n.to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -553,7 +553,9 @@ mod tests {
         assert_eq!(table.by_expiry.len(), table.len());
         assert_eq!(table.vacant.len(), table.slots.len() - occupied);
         for (key, &at) in &table.by_expiry {
-            let slot = table.slot(at).expect("the expiry order names an empty slot");
+            let slot = table
+                .slot(at)
+                .expect("the expiry order names an empty slot");
             assert_eq!(slot.key, *key);
             let (client_id, correlation) = slot.parts();
             let probe = Probe {
@@ -603,8 +605,12 @@ mod tests {
         // The longest-lived answers are all there, each with its own
         // fingerprint.
         for (correlation, fingerprint) in remembered.iter().zip(total - 64..) {
-            assert!(table.lookup(&id(correlation, 0), fingerprint, now).is_some());
-            assert!(table.lookup(&id(correlation, 0), fingerprint + 1, now).is_none());
+            assert!(table
+                .lookup(&id(correlation, 0), fingerprint, now)
+                .is_some());
+            assert!(table
+                .lookup(&id(correlation, 0), fingerprint + 1, now)
+                .is_none());
         }
         // Once everything has expired the table is empty and lets its
         // memory go.

@@ -102,7 +102,7 @@ impl StateMachine {
             if record.version.node_id == own_node {
                 record.version.node_id = own_node.clone();
             }
-            machine.insert(key, record);
+            machine.insert_owned(key, record);
         }
         machine
     }
@@ -234,8 +234,40 @@ impl StateMachine {
 
     /// Stores `record` under `key`, replacing any previous one, and keeps
     /// the indexes in step.
-    pub(crate) fn insert(&mut self, key: Key, record: Record) {
-        self.remove(&key);
+    /// Stores `record` under `key`, replacing what was there. A key already
+    /// stored keeps its key and record allocations: one B-tree walk.
+    pub(crate) fn insert(&mut self, key: &[u8], record: Record) {
+        if let Err(record) = self.replace(key, record) {
+            self.insert_new(Key::from(key), record);
+        }
+    }
+
+    /// [`StateMachine::insert`] with a key already allocated.
+    pub(crate) fn insert_owned(&mut self, key: Key, record: Record) {
+        if let Err(record) = self.replace(&key, record) {
+            self.insert_new(key, record);
+        }
+    }
+
+    /// Replaces the record of a stored key; gives the record back if the
+    /// key is not stored.
+    fn replace(&mut self, key: &[u8], record: Record) -> Result<(), Record> {
+        let Some(old) = self.keys.get_mut(key) else {
+            return Err(record);
+        };
+        if let Some(old_deadline) = old.expires_at_ms {
+            self.expiry.remove(&(old_deadline.get(), Key::from(key)));
+        }
+        if let Some(deadline) = record.expires_at_ms {
+            self.expiry.insert((deadline.get(), Key::from(key)));
+        }
+        self.stored_bytes -= footprint(key, &old.value);
+        self.stored_bytes += footprint(key, &record.value);
+        **old = record;
+        Ok(())
+    }
+
+    fn insert_new(&mut self, key: Key, record: Record) {
         if let Some(deadline) = record.expires_at_ms {
             self.expiry.insert((deadline.get(), key.clone()));
         }
@@ -366,7 +398,9 @@ mod tests {
     #[test]
     fn insert_and_remove_keep_indexes_in_step() {
         let mut m = machine();
-        let k = |key: &str| -> Key { key.as_bytes().into() };
+        fn k(key: &str) -> &[u8] {
+            key.as_bytes()
+        }
         let record = |value: &str, deadline: Option<u64>| Record {
             value: value.as_bytes().into(),
             version: Hlc::new(1, 0, "srv"),

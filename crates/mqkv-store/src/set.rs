@@ -17,7 +17,7 @@ use std::num::NonZeroU64;
 use bytes::Bytes;
 use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
 
-use crate::machine::{Key, Record};
+use crate::machine::Record;
 use crate::{fencing, Applied, ChangeEvent, ChangeKind, Request, StateMachine};
 
 /// The arguments of one SET, borrowed from its command.
@@ -77,7 +77,7 @@ impl StateMachine {
 
         let version = self.clock.next_version(now, request.ts.as_ref());
         self.insert(
-            Key::from(&key[..]),
+            key,
             Record {
                 value: Box::from(&value[..]),
                 version: version.clone(),
