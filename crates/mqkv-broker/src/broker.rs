@@ -282,14 +282,24 @@ impl Inner {
         {
             let subs = self.subs.read();
             let mut m: Matches<'_, Arc<Session>> = Matches::default();
-            subs.matches(&msg.topic, &mut m);
+            let route = subs.route(&msg.topic, &mut m);
             let publisher = msg.publisher.as_deref();
-            let mut direct: SmallVec<[(&ClientId, &SubEntry, &Arc<Session>); 4]> = m
-                .direct
-                .iter()
-                .filter(|(c, (e, _))| !(e.options.no_local && Some(&***c) == publisher))
-                .map(|(c, (e, s))| (*c, e, s))
-                .collect();
+            let not_own = |(c, e, _): &(&ClientId, &SubEntry, &Arc<Session>)| {
+                !(e.options.no_local && Some(&***c) == publisher)
+            };
+            let mut direct: SmallVec<[(&ClientId, &SubEntry, &Arc<Session>); 4]> = match &route {
+                Some(route) => route
+                    .iter()
+                    .map(|(c, e, s)| (c, e, s))
+                    .filter(not_own)
+                    .collect(),
+                None => m
+                    .direct
+                    .iter()
+                    .map(|(c, (e, s))| (*c, e, s))
+                    .filter(not_own)
+                    .collect(),
+            };
             if direct.len() > 1 {
                 direct.sort_by(|a, b| a.0.cmp(b.0));
             }

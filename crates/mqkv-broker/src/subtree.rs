@@ -101,10 +101,20 @@ impl<T> Default for Matches<'_, T> {
     }
 }
 
+/// Most topics [`SubTree::route`] remembers; when full it starts over.
+const ROUTES_KEPT: usize = 1024;
+
+/// The plain subscribers a topic reaches, as [`SubTree::route`] found them.
+pub type Route<T> = Arc<[Member<T>]>;
+
 #[derive(Debug)]
 pub struct SubTree<T> {
     root: Node<T>,
     count: usize,
+    /// Topics routed since the tree last changed, and whom they reached.
+    /// Emptied by every [`SubTree::insert`] and [`SubTree::remove`] (the
+    /// only ways the tree changes), so an entry is never stale.
+    routes: parking_lot::Mutex<HashMap<Box<str>, Route<T>>>,
 }
 
 impl<T> Default for SubTree<T> {
@@ -112,6 +122,7 @@ impl<T> Default for SubTree<T> {
         SubTree {
             root: Node::default(),
             count: 0,
+            routes: parking_lot::Mutex::new(HashMap::default()),
         }
     }
 }
@@ -134,6 +145,7 @@ impl<T> SubTree<T> {
         e: SubEntry,
         handle: T,
     ) -> bool {
+        self.routes.get_mut().clear();
         let mut node = &mut self.root;
         for level in filter.split('/') {
             match level {
@@ -165,6 +177,7 @@ impl<T> SubTree<T> {
 
     /// Removes a subscription. Returns true when it existed.
     pub fn remove(&mut self, filter: &str, group: Option<&str>, client: &str) -> bool {
+        self.routes.get_mut().clear();
         let levels: Vec<&str> = filter.split('/').collect();
         let removed = Self::remove_at(&mut self.root, &levels, group, client);
         if removed {
@@ -211,6 +224,36 @@ impl<T> SubTree<T> {
         // Wildcards at the first level do not match topics starting with `$`.
         let wild_first = !topic.starts_with('$');
         Self::walk(&self.root, Some(topic), wild_first, out);
+    }
+
+    /// The plain subscribers `topic` reaches, remembered from the last
+    /// time it was routed while the tree stayed the same (a service
+    /// answering on one response topic after another walks the trie once
+    /// per client, not once per answer). `None` when shared groups match
+    /// too: their round-robin has to be walked each time, and `out` then
+    /// holds every match, as [`SubTree::matches`] gives them.
+    pub fn route<'a>(&'a self, topic: &str, out: &mut Matches<'a, T>) -> Option<Route<T>>
+    where
+        T: Clone,
+    {
+        if let Some(route) = self.routes.lock().get(topic) {
+            return Some(route.clone());
+        }
+        self.matches(topic, out);
+        if !out.shared.is_empty() {
+            return None;
+        }
+        let route: Route<T> = out
+            .direct
+            .drain(..)
+            .map(|(client, (e, handle))| (client.clone(), *e, handle.clone()))
+            .collect();
+        let mut routes = self.routes.lock();
+        if routes.len() >= ROUTES_KEPT {
+            routes.clear();
+        }
+        routes.insert(topic.into(), route.clone());
+        Some(route)
     }
 
     /// Matches the levels left in `rest` (`None` once every level is used) below `node`.
@@ -262,6 +305,61 @@ mod tests {
         let mut v: Vec<String> = m.direct.iter().map(|(c, _)| c.to_string()).collect();
         v.sort();
         v
+    }
+
+    /// Whom `route` reaches, as client ids, and whether it was a
+    /// remembered route (`None`: shared groups, walked every time).
+    fn routed(t: &SubTree<()>, topic: &str) -> Option<Vec<String>> {
+        let mut m = Matches::default();
+        let route = t.route(topic, &mut m)?;
+        let mut v: Vec<String> = route.iter().map(|(c, _, _)| c.to_string()).collect();
+        v.sort();
+        Some(v)
+    }
+
+    #[test]
+    fn remembered_routes_follow_every_change() {
+        let mut t = SubTree::<()>::default();
+        let a: ClientId = "a".into();
+        let b: ClientId = "b".into();
+        t.insert("x/+", None, &a, entry(), ());
+        assert_eq!(routed(&t, "x/y"), Some(vec!["a".to_string()]));
+        assert_eq!(routed(&t, "x/y"), Some(vec!["a".to_string()]));
+        t.insert("x/y", None, &b, entry(), ());
+        assert_eq!(
+            routed(&t, "x/y"),
+            Some(vec!["a".to_string(), "b".to_string()])
+        );
+        // Changed options reach the route too.
+        let mut qos1 = entry();
+        qos1.options.qos = crate::codec::QoS::AtLeastOnce;
+        t.insert("x/y", None, &b, qos1, ());
+        {
+            let mut m = Matches::default();
+            let route = t.route("x/y", &mut m).unwrap();
+            let (_, e, _) = route.iter().find(|(c, _, _)| &**c == "b").unwrap();
+            assert_eq!(e.options.qos, crate::codec::QoS::AtLeastOnce);
+        }
+        t.remove("x/+", None, "a");
+        assert_eq!(routed(&t, "x/y"), Some(vec!["b".to_string()]));
+        t.remove("x/y", None, "b");
+        assert_eq!(routed(&t, "x/y"), Some(vec![]));
+        // A shared group is walked each time, and `matches` has it.
+        t.insert("x/y", Some("g"), &a, entry(), ());
+        assert_eq!(routed(&t, "x/y"), None);
+        let mut m = Matches::default();
+        assert!(t.route("x/y", &mut m).is_none());
+        assert_eq!(m.shared.len(), 1);
+    }
+
+    #[test]
+    fn remembered_routes_are_bounded() {
+        let mut t = SubTree::<()>::default();
+        t.insert("#", None, &"a".into(), entry(), ());
+        for i in 0..ROUTES_KEPT * 3 {
+            assert_eq!(routed(&t, &format!("t/{i}")), Some(vec!["a".to_string()]));
+            assert!(t.routes.lock().len() <= ROUTES_KEPT);
+        }
     }
 
     #[test]

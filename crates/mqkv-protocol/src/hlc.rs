@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resp::Decimal;
 use crate::ErrorKind;
 
 /// Allowed distance, in milliseconds, between a client timestamp and the
@@ -128,29 +129,37 @@ impl FromStr for Hlc {
     }
 }
 
-impl fmt::Display for Hlc {
-    /// `%015d:%05d:%s`, the layout all three SDKs emit.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Every response carries one, so the digits are written directly
-        // rather than through `fmt`'s padding machinery.
-        write_padded(f, self.wall_ms, 15)?;
-        f.write_str(":")?;
-        write_padded(f, self.counter, 5)?;
-        f.write_str(":")?;
-        f.write_str(&self.node_id)
+impl Hlc {
+    /// The `__ts` text, as [`Display`](fmt::Display) writes it, in one
+    /// allocation of the exact size (every response and notification
+    /// carries one).
+    pub fn to_text(&self) -> String {
+        let wall = Decimal::new(self.wall_ms);
+        let counter = Decimal::new(self.counter);
+        let width = |digits: &[u8], min: usize| digits.len().max(min);
+        let len =
+            width(wall.as_bytes(), 15) + width(counter.as_bytes(), 5) + 2 + self.node_id.len();
+        let mut text = String::with_capacity(len);
+        push_padded(&mut text, wall.as_bytes(), 15);
+        text.push(':');
+        push_padded(&mut text, counter.as_bytes(), 5);
+        text.push(':');
+        text.push_str(&self.node_id);
+        text
     }
 }
 
-/// Writes `n` in decimal, zero-padded to at least `width` digits.
-fn write_padded(f: &mut fmt::Formatter<'_>, n: u64, width: usize) -> fmt::Result {
-    const ZEROS: &str = "00000000000000000000";
-    let digits = crate::resp::Decimal::new(n);
-    let digits = digits.as_bytes();
-    if let Some(pad) = ZEROS.get(..width.saturating_sub(digits.len())) {
-        f.write_str(pad)?;
+/// Appends ASCII `digits`, zero-padded to at least `width`.
+fn push_padded(text: &mut String, digits: &[u8], width: usize) {
+    text.extend(std::iter::repeat_n('0', width.saturating_sub(digits.len())));
+    text.extend(digits.iter().map(|&d| char::from(d)));
+}
+
+impl fmt::Display for Hlc {
+    /// `%015d:%05d:%s`, the layout all three SDKs emit.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text())
     }
-    // Only ASCII digits.
-    f.write_str(std::str::from_utf8(digits).map_err(|_| fmt::Error)?)
 }
 
 /// The server's clock `(L, C)` plus its node id. Pure: the caller supplies

@@ -152,7 +152,7 @@ impl Notifier {
                     properties: Properties {
                         content_type: Some(prop::CONTENT_TYPE.to_owned()),
                         user_properties: vec![
-                            (prop::TIMESTAMP.to_owned(), event.version.to_string()),
+                            (prop::TIMESTAMP.to_owned(), event.version.to_text()),
                             (
                                 prop::PROTOCOL_VERSION.to_owned(),
                                 prop::PROTOCOL_VERSION_VALUE.to_owned(),
@@ -359,7 +359,7 @@ impl StateStoreService {
             ),
         ];
         if let Some(v) = version {
-            user_properties.push((prop::TIMESTAMP.to_owned(), v.to_string()));
+            user_properties.push((prop::TIMESTAMP.to_owned(), v.to_text()));
         }
         self.send(reply, response.encode(), user_properties);
     }
