@@ -175,15 +175,29 @@ impl DedupTable {
             .copied()
     }
 
-    /// Forgets the answer in slot `at`.
+    /// Forgets the answer in slot `at`, whose place in the eviction order
+    /// is still indexed.
     fn forget(&mut self, at: u32) {
-        let Some(slot) = self.slots.get_mut(at as usize).and_then(Option::take) else {
+        if let Some(slot) = self.slot(at) {
+            let key = slot.key;
+            self.by_expiry.remove(&key);
+            self.forget_popped(at);
+        }
+    }
+
+    /// Forgets the answer in slot `at`, already taken out of the eviction
+    /// order. The slot is dropped where it is: it was remembered long ago,
+    /// so its memory is cold, and moving it out would copy all of it.
+    fn forget_popped(&mut self, at: u32) {
+        let Some(hash) = self.slot(at).map(|slot| slot.hash) else {
             return;
         };
-        if let Ok(entry) = self.index.find_entry(slot.hash, |&other| other == at) {
+        if let Ok(entry) = self.index.find_entry(hash, |&other| other == at) {
             entry.remove();
         }
-        self.by_expiry.remove(&slot.key);
+        if let Some(slot) = self.slots.get_mut(at as usize) {
+            *slot = None;
+        }
         self.vacant.push(at);
         if self.index.is_empty() {
             // Give the memory of a burst back once it has all expired.
@@ -201,7 +215,7 @@ impl DedupTable {
                 break;
             }
             self.by_expiry.pop_first();
-            self.forget(at);
+            self.forget_popped(at);
         }
     }
 
@@ -277,7 +291,7 @@ impl DedupTable {
             let Some((_, evicted)) = self.by_expiry.pop_first() else {
                 break;
             };
-            self.forget(evicted);
+            self.forget_popped(evicted);
         }
         self.insert(
             &probe,
