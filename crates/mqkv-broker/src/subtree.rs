@@ -103,6 +103,9 @@ impl<T> Default for Matches<'_, T> {
 
 /// Most topics [`SubTree::route`] remembers; when full it starts over.
 const ROUTES_KEPT: usize = 1024;
+/// Longest topic [`SubTree::route`] remembers (response topics are about
+/// 100 bytes), so the memory it holds stays small whatever clients publish.
+const ROUTE_TOPIC_MAX: usize = 256;
 
 /// The plain subscribers a topic reaches, as [`SubTree::route`] found them.
 pub type Route<T> = Arc<[Member<T>]>;
@@ -248,11 +251,13 @@ impl<T> SubTree<T> {
             .drain(..)
             .map(|(client, (e, handle))| (client.clone(), *e, handle.clone()))
             .collect();
-        let mut routes = self.routes.lock();
-        if routes.len() >= ROUTES_KEPT {
-            routes.clear();
+        if topic.len() <= ROUTE_TOPIC_MAX {
+            let mut routes = self.routes.lock();
+            if routes.len() >= ROUTES_KEPT {
+                routes.clear();
+            }
+            routes.insert(topic.into(), route.clone());
         }
-        routes.insert(topic.into(), route.clone());
         Some(route)
     }
 
@@ -360,6 +365,11 @@ mod tests {
             assert_eq!(routed(&t, &format!("t/{i}")), Some(vec!["a".to_string()]));
             assert!(t.routes.lock().len() <= ROUTES_KEPT);
         }
+        // Long topics are routed, not remembered.
+        t.routes.lock().clear();
+        let long = format!("t/{}", "x".repeat(ROUTE_TOPIC_MAX));
+        assert_eq!(routed(&t, &long), Some(vec!["a".to_string()]));
+        assert!(t.routes.lock().is_empty());
     }
 
     #[test]

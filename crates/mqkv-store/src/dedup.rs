@@ -104,9 +104,16 @@ impl<'a> Probe<'a> {
 }
 
 /// Where an identity goes in the hash index. Held in memory only (rebuilt
-/// on load), so it may change between versions.
+/// on load) and never observable (eviction and snapshot order come from the
+/// expiry index), so it is seeded per process: correlation data comes from
+/// clients, and identities crafted to collide under a known seed would
+/// turn every lookup into a walk of the whole table.
 fn identity_hash(client_id: &[u8], correlation: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(correlation, xxhash_rust::xxh3::xxh3_64(client_id))
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0u64));
+    let client = xxhash_rust::xxh3::xxh3_64_with_seed(client_id, seed);
+    xxhash_rust::xxh3::xxh3_64_with_seed(correlation, client)
 }
 
 /// The hash of the identity in slot `at`, for the index to rehash with.
