@@ -33,6 +33,10 @@ use crate::{Applied, DedupId};
 /// Most answers remembered at once.
 pub const CAPACITY: usize = 100_000;
 
+/// Answers from which the hash index is sized for good (see
+/// [`DedupTable::make_room`]).
+const INDEX_FINAL_AT: usize = CAPACITY / 8;
+
 /// Longest time an answer is remembered, whatever expiry the request asked
 /// for. The SDKs' request timeouts are seconds to a minute; MQTT allows
 /// message expiries of over a century, which must not pin memory.
@@ -129,12 +133,15 @@ fn hash_at(slots: &[Option<Slot>], at: u32) -> u64 {
 ///
 /// A hash index, not a B-tree by identity: every write looks its identity
 /// up and most remember one, and with the table full that was several
-/// cache-missing walks of a 100,000-entry tree per write. The index keeps
-/// its load under one half ([`DedupTable::make_room`]), so deleting rarely
-/// leaves a tombstone and the table almost never rebuilds itself in place,
-/// which would stall the write that triggers it. The eviction order is a
-/// B-tree keyed by expiry: answers mostly arrive in expiry order, so it is
-/// worked at its two ends.
+/// cache-missing walks of a 100,000-entry tree per write. A hash table
+/// under churn leaves tombstones where a deleted entry sat in a full run of
+/// buckets; once they use up its spare room it rebuilds itself (a few
+/// milliseconds at this size, stalling the write that triggers it). So the
+/// index is kept sparse ([`DedupTable::make_room`]): once the table is
+/// past [`INDEX_FINAL_AT`] answers the index is sized in one step for four
+/// times [`CAPACITY`], at most a quarter full, where tombstones are too rare
+/// to matter. The eviction order is a B-tree keyed by expiry: answers mostly
+/// arrive in expiry order, so it is worked at its two ends.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DedupTable {
     slots: Vec<Option<Slot>>,
@@ -226,12 +233,19 @@ impl DedupTable {
         }
     }
 
-    /// Grows the index while it is half full, so that it stays at most
-    /// half full.
+    /// Grows the index once it is half full: doubling while the table is
+    /// small, and straight to room for four times [`CAPACITY`] once it holds
+    /// [`INDEX_FINAL_AT`] answers, so a busy table grows (and stalls to
+    /// rehash) a few times on its way up and then no more.
     fn make_room(&mut self) {
-        if self.index.len() * 2 >= self.index.capacity() {
+        let len = self.index.len();
+        if len * 2 >= self.index.capacity() {
             let slots = &self.slots;
-            let additional = self.index.len().max(16);
+            let additional = if len >= INDEX_FINAL_AT {
+                (4 * CAPACITY).saturating_sub(len)
+            } else {
+                len.max(16)
+            };
             self.index.reserve(additional, |&at| hash_at(slots, at));
         }
     }
@@ -567,7 +581,8 @@ mod tests {
     }
 
     /// The slab, the hash index and the eviction order describe the same
-    /// answers, and the index stays at most half full.
+    /// answers, and the index stays at most half full (a quarter once
+    /// sized for good).
     fn assert_consistent(table: &DedupTable) {
         let occupied = table.slots.iter().filter(|s| s.is_some()).count();
         assert_eq!(occupied, table.len());
@@ -588,6 +603,9 @@ mod tests {
             assert_eq!(table.position(&probe), Some(at));
         }
         assert!(table.len() * 2 <= table.index.capacity().max(16));
+        if table.len() > INDEX_FINAL_AT {
+            assert!(table.len() * 4 <= table.index.capacity());
+        }
     }
 
     #[test]
