@@ -295,7 +295,6 @@ async fn open(
                     counters,
                     snapshot_log_bytes,
                     log_for_proposer,
-                    state,
                     max_log_entries,
                 );
                 Ok::<_, OpenError>((raft, proposer))

@@ -35,7 +35,6 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::log_store::LogShared;
-use crate::state_machine::StateShared;
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{Outcome, Proposal, TypeConfig};
@@ -71,14 +70,13 @@ impl Proposer {
     /// Starts proposing to `raft`. A snapshot is requested whenever the log
     /// written since the last one exceeds both `snapshot_log_bytes` and
     /// the size of that snapshot. No proposal is made while `log` holds
-    /// `max_entries` or more entries past the newest snapshot of `state`:
-    /// writes wait (up to [`LOG_FULL_MAX_WAIT`]) for a snapshot.
+    /// `max_entries` or more entries past raft's newest snapshot: writes
+    /// wait (up to [`LOG_FULL_MAX_WAIT`]) for a snapshot.
     pub(crate) fn start(
         raft: Raft<TypeConfig>,
         counters: Arc<Counters>,
         snapshot_log_bytes: u64,
         log: Arc<LogShared>,
-        state: Arc<StateShared>,
         max_entries: u64,
     ) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -86,7 +84,6 @@ impl Proposer {
             counters,
             floor: snapshot_log_bytes,
             log,
-            state,
             max_entries,
         };
         let task = tokio::spawn(run(raft, rx, Arc::new(log_limit)));
@@ -120,14 +117,18 @@ struct LogLimit {
     counters: Arc<Counters>,
     floor: u64,
     log: Arc<LogShared>,
-    state: Arc<StateShared>,
     max_entries: u64,
 }
 
 impl LogLimit {
-    /// Entries past the newest snapshot: what a restart would replay.
-    fn unsnapshotted(&self) -> u64 {
-        match (self.log.last_index(), self.state.snapshot_index()) {
+    /// Entries past the newest snapshot: what a restart would replay. The
+    /// snapshot is the one raft knows of, not the one the state machine
+    /// last wrote: raft purges the log behind a snapshot in the same step
+    /// in which it learns of it, so counting from there keeps the whole log
+    /// within two snapshot periods plus the entries kept behind one.
+    fn unsnapshotted(&self, raft: &Raft<TypeConfig>) -> u64 {
+        let snapshot = raft.metrics().borrow().snapshot.map(|id| id.index);
+        match (self.log.last_index(), snapshot) {
             (Some(last), Some(snapshot)) => last.saturating_sub(snapshot),
             (Some(last), None) => last.saturating_add(1),
             (None, _) => 0,
@@ -206,10 +207,10 @@ async fn next_write(
 /// snapshot that keeps failing must not stop every write).
 async fn wait_for_room(raft: &Raft<TypeConfig>, log_limit: &LogLimit) {
     let waiting = tokio::time::Instant::now();
-    while log_limit.unsnapshotted() >= log_limit.max_entries {
+    while log_limit.unsnapshotted(raft) >= log_limit.max_entries {
         if waiting.elapsed() > LOG_FULL_MAX_WAIT {
             tracing::warn!(
-                entries = log_limit.unsnapshotted(),
+                entries = log_limit.unsnapshotted(raft),
                 "no snapshot came to shorten the log; writing on"
             );
             return;
