@@ -286,7 +286,7 @@ async fn open(
                     Arc::new(raft_config),
                     Network,
                     log,
-                    StateMachineStore::new(state.clone()),
+                    StateMachineStore::new(state),
                 )
                 .await
                 .map_err(start_error)?;

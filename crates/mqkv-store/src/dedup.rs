@@ -250,10 +250,15 @@ impl DedupTable {
         }
     }
 
-    fn insert(&mut self, probe: &Probe<'_>, remembered: Remembered) {
+    /// Forgets the answer remembered for this identity, if any.
+    fn forget_identity(&mut self, probe: &Probe<'_>) {
         if let Some(at) = self.position(probe) {
             self.forget(at);
         }
+    }
+
+    /// Adds an answer for an identity that has none remembered.
+    fn insert(&mut self, probe: &Probe<'_>, remembered: Remembered) {
         let key = (remembered.expires_at_ms, self.next_seq);
         self.next_seq += 1;
         let slot = Slot {
@@ -305,9 +310,7 @@ impl DedupTable {
             return;
         }
         let probe = Probe::new(&id.client_id, &id.correlation);
-        if let Some(at) = self.position(&probe) {
-            self.forget(at);
-        }
+        self.forget_identity(&probe);
         while self.len() >= CAPACITY {
             let Some((_, evicted)) = self.by_expiry.pop_first() else {
                 break;
@@ -371,7 +374,9 @@ impl<'de> Deserialize<'de> for DedupTable {
         for ((client_id, correlation), remembered) in list {
             // A repeated identity keeps its last answer, and only that
             // answer's expiry stays indexed.
-            table.insert(&Probe::new(&client_id, &correlation), remembered);
+            let probe = Probe::new(&client_id, &correlation);
+            table.forget_identity(&probe);
+            table.insert(&probe, remembered);
         }
         Ok(table)
     }

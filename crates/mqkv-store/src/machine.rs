@@ -233,9 +233,8 @@ impl StateMachine {
     }
 
     /// Stores `record` under `key`, replacing any previous one, and keeps
-    /// the indexes in step.
-    /// Stores `record` under `key`, replacing what was there. A key already
-    /// stored keeps its key and record allocations: one B-tree walk.
+    /// the indexes in step. A key already stored keeps its key and record
+    /// allocations: one B-tree walk.
     pub(crate) fn insert(&mut self, key: &[u8], record: Record) {
         if let Err(record) = self.replace(key, record) {
             self.insert_new(Key::from(key), record);
@@ -255,11 +254,14 @@ impl StateMachine {
         let Some(old) = self.keys.get_mut(key) else {
             return Err(record);
         };
-        if let Some(old_deadline) = old.expires_at_ms {
-            self.expiry.remove(&(old_deadline.get(), Key::from(key)));
-        }
-        if let Some(deadline) = record.expires_at_ms {
-            self.expiry.insert((deadline.get(), Key::from(key)));
+        if old.expires_at_ms != record.expires_at_ms {
+            let owned = Key::from(key);
+            if let Some(old_deadline) = old.expires_at_ms {
+                self.expiry.remove(&(old_deadline.get(), owned.clone()));
+            }
+            if let Some(deadline) = record.expires_at_ms {
+                self.expiry.insert((deadline.get(), owned));
+            }
         }
         self.stored_bytes -= footprint(key, &old.value);
         self.stored_bytes += footprint(key, &record.value);
