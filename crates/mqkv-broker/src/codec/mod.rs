@@ -254,13 +254,19 @@ pub(crate) fn read_binary(buf: &mut Bytes) -> Result<Bytes, DecodeError> {
 }
 
 pub(crate) fn read_string(buf: &mut Bytes) -> Result<String, DecodeError> {
-    let raw = read_binary(buf)?;
-    let s =
-        std::str::from_utf8(&raw).map_err(|_| DecodeError::Malformed("invalid UTF-8 string"))?;
-    if s.contains('\0') {
+    let len = read_u16(buf)? as usize;
+    // Checked and copied in place: splitting off a `Bytes` first would cost a reference count
+    // taken and dropped for every string of every packet.
+    let raw = buf
+        .get(..len)
+        .ok_or(DecodeError::Malformed("binary data truncated"))?;
+    let s = std::str::from_utf8(raw).map_err(|_| DecodeError::Malformed("invalid UTF-8 string"))?;
+    if raw.contains(&0) {
         return Err(DecodeError::Malformed("string contains U+0000"));
     }
-    Ok(s.to_owned())
+    let owned = s.to_owned();
+    buf.advance(len);
+    Ok(owned)
 }
 
 pub(crate) fn write_bin(out: &mut BytesMut, v: &[u8]) {
