@@ -142,6 +142,17 @@ impl StateMachine {
         self.stored_bytes
     }
 
+    /// About how many bytes a snapshot of this machine takes, erring high:
+    /// keys and values plus a record's versions, tokens and deadline, and
+    /// each remembered answer with its identity.
+    pub fn snapshot_size_hint(&self) -> u64 {
+        const PER_KEY: u64 = 64;
+        const PER_ANSWER: u64 = 96;
+        self.stored_bytes
+            .saturating_add(PER_KEY.saturating_mul(self.keys.len() as u64))
+            .saturating_add(PER_ANSWER.saturating_mul(self.dedup.len() as u64))
+    }
+
     /// Number of remembered answers for de-duplication.
     pub fn dedup_len(&self) -> usize {
         self.dedup.len()

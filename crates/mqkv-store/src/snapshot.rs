@@ -174,6 +174,50 @@ mod tests {
         assert_eq!(again.apply(&redelivered).response, Response::Integer(1));
     }
 
+    /// The hint sizes the buffer a snapshot is serialized into, so it must
+    /// not fall short for what the SDKs send (36-character client ids and
+    /// HLC node ids, 16 bytes of correlation data), nor be far above.
+    #[test]
+    fn size_hint_covers_a_typical_snapshot() {
+        let client = "0f8e6d4c-2b1a-4f3e-9d8c-7b6a5f4e3d2c";
+        let mut m = machine();
+        for i in 0..2_000u64 {
+            let key = format!("sensor/{i:06}");
+            let command = match i % 4 {
+                0 => set_cmd(&key, "0123456789abcdef", None, Some(60_000)),
+                1 => Command::Del {
+                    key: b(&format!("sensor/{:06}", i - 1)),
+                },
+                _ => set_cmd(&key, &"v".repeat((i % 300) as usize), None, None),
+            };
+            let e = Entry {
+                now_ms: 1_000 + i,
+                op: Op::Request(crate::Request {
+                    command,
+                    ts: Some(Hlc::new(1_000 + i, 0, client)),
+                    ft: (i % 7 == 0).then(|| Hlc::new(500, 0, client)),
+                    dedup: Some(crate::DedupId {
+                        client_id: client.into(),
+                        correlation: bytes::Bytes::copy_from_slice(&(i as u128).to_le_bytes()),
+                        expires_at_ms: 11_000 + i,
+                    }),
+                }),
+            };
+            m.apply(&e);
+        }
+        assert!(m.dedup_len() > 1_000 && m.len() > 1_000);
+        let actual = postcard::to_allocvec(&m).unwrap().len() as u64;
+        let hint = m.snapshot_size_hint();
+        assert!(
+            hint >= actual,
+            "hint {hint} below the snapshot's {actual} bytes"
+        );
+        assert!(
+            hint <= 2 * actual,
+            "hint {hint} far above the snapshot's {actual} bytes"
+        );
+    }
+
     #[test]
     fn unknown_format_is_refused() {
         let m = machine();
