@@ -91,6 +91,9 @@ struct Args {
     /// The mqkv binary [default: $MQKV_BIN, else `mqkv` beside this program, else PATH].
     #[arg(long)]
     server_bin: Option<PathBuf>,
+    /// An extra argument for every `mqkv serve` (repeatable), e.g. `--server-arg=--workers=1`.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    server_args: Vec<String>,
     /// Run mqkv only, without Mosquitto and Redis.
     #[arg(long)]
     no_anchors: bool,
@@ -437,6 +440,7 @@ fn run(args: Args) -> Result<()> {
     }
     let bins = Binaries {
         mqkv,
+        mqkv_args: args.server_args.clone(),
         mosquitto,
         redis,
     };
@@ -488,6 +492,7 @@ fn run(args: Args) -> Result<()> {
                 "redis": servers::redis_options(Target::Redis).join(" "),
                 "redis-aof": servers::redis_options(Target::RedisAof).join(" "),
             },
+            "mqkv_server_args": bins.mqkv_args,
             "settings": {
                 "duration_s": s.duration.as_secs_f64(),
                 "warmup_s": s.warmup.as_secs_f64(),

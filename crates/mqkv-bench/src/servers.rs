@@ -54,6 +54,8 @@ impl Target {
 #[derive(Debug, Clone)]
 pub struct Binaries {
     pub mqkv: PathBuf,
+    /// Extra arguments for `mqkv serve`.
+    pub mqkv_args: Vec<String>,
     pub mosquitto: Option<PathBuf>,
     pub redis: Option<PathBuf>,
 }
@@ -84,7 +86,7 @@ impl Server {
     pub fn start(target: Target, bins: &Binaries, scratch: &Path) -> Result<Server> {
         let dir = unique_dir(scratch, target.name())?;
         let (child, addr) = match target {
-            Target::Mqkv | Target::MqkvDisk => start_mqkv(target, &bins.mqkv, &dir)?,
+            Target::Mqkv | Target::MqkvDisk => start_mqkv(target, bins, &dir)?,
             Target::Mosquitto => {
                 let bin = bins
                     .mosquitto
@@ -198,7 +200,8 @@ fn log_file(dir: &Path) -> Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join("server.log"))?)
 }
 
-fn start_mqkv(target: Target, bin: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
+fn start_mqkv(target: Target, bins: &Binaries, dir: &Path) -> Result<(Child, SocketAddr)> {
+    let bin = &bins.mqkv;
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", "127.0.0.1:0"]);
     if target == Target::MqkvDisk {
@@ -208,6 +211,7 @@ fn start_mqkv(target: Target, bin: &Path, dir: &Path) -> Result<(Child, SocketAd
         cmd.args(["--storage", "memory", "--data-dir"])
             .arg(dir.join("data"));
     }
+    cmd.args(&bins.mqkv_args);
     // Log warnings only, like the anchors' configurations below.
     cmd.env("RUST_LOG", "warn")
         .stdin(Stdio::null())

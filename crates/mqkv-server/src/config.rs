@@ -53,6 +53,9 @@ pub struct ServerConfig {
     /// How often changed broker state (retained messages, persistent sessions) is saved, in
     /// milliseconds; the most a crash can lose of it.
     pub persist_interval_ms: u64,
+    /// Threads serving client connections; `None` is one per core. The state store's log
+    /// is written and applied on a thread of its own besides these.
+    pub workers: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -64,6 +67,7 @@ impl Default for ServerConfig {
             broker: BrokerConfig::default(),
             state_store: StateStoreConfig::default(),
             persist_interval_ms: 1000,
+            workers: None,
         }
     }
 }
@@ -105,6 +109,7 @@ mod tests {
             r#"
             listen = ["127.0.0.1:1884", "[::1]:1885"]
             storage = "memory"
+            workers = 3
             [broker]
             max_packet_size = 1024
             max_queued_messages = 5
@@ -125,6 +130,7 @@ mod tests {
         );
         assert_eq!(c.state_store.max_keys, Some(10));
         assert_eq!(c.broker.users.len(), 1);
+        assert_eq!(c.workers, Some(3));
     }
 
     #[test]

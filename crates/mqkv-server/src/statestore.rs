@@ -232,14 +232,14 @@ impl StateStoreService {
 
     /// Handles one request: reads and KEYNOTIFY at once, writes through the log (the returned
     /// future finishes when the write is durable and answered).
-    fn request(self: &Arc<Self>, p: ServicePublish) -> Option<ServiceFuture> {
+    fn request(self: &Arc<Self>, mut p: ServicePublish) -> Option<ServiceFuture> {
         if p.topic != REQUEST_TOPIC {
             tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
             return None;
         }
         let (Some(response_topic), Some(correlation)) = (
-            p.properties.response_topic.clone(),
-            p.properties.correlation_data.clone(),
+            p.properties.response_topic.take(),
+            p.properties.correlation_data.take(),
         ) else {
             tracing::warn!(client_id = %p.from.client_id, "state store request without response topic or correlation data dropped");
             return None;
@@ -351,13 +351,12 @@ impl StateStoreService {
     }
 
     fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
-        let mut user_properties = vec![
-            (prop::STATUS.to_owned(), prop::STATUS_OK.to_owned()),
-            (
-                prop::PROTOCOL_VERSION.to_owned(),
-                prop::PROTOCOL_VERSION_VALUE.to_owned(),
-            ),
-        ];
+        let mut user_properties = Vec::with_capacity(3);
+        user_properties.push((prop::STATUS.to_owned(), prop::STATUS_OK.to_owned()));
+        user_properties.push((
+            prop::PROTOCOL_VERSION.to_owned(),
+            prop::PROTOCOL_VERSION_VALUE.to_owned(),
+        ));
         if let Some(v) = version {
             user_properties.push((prop::TIMESTAMP.to_owned(), v.to_text()));
         }

@@ -80,6 +80,9 @@ struct ServeArgs {
     /// State store: largest total of key and value bytes.
     #[arg(long)]
     max_bytes: Option<u64>,
+    /// Threads serving client connections (default: one per core).
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 fn parse_storage(s: &str) -> Result<StorageKind, String> {
@@ -145,6 +148,9 @@ impl ServeArgs {
         if let Some(v) = self.max_keys {
             c.state_store.max_keys = Some(v);
         }
+        if let Some(v) = self.workers {
+            c.workers = Some(v);
+        }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);
         }
@@ -171,9 +177,23 @@ fn main() {
     }
 }
 
+/// Most connection worker threads `workers` may ask for.
+const MAX_WORKERS: usize = 1024;
+
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
-    let rt = tokio::runtime::Runtime::new()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    match config.workers {
+        Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
+            anyhow::bail!("workers must be between 1 and {MAX_WORKERS}, not {n}")
+        }
+        Some(n) => {
+            builder.worker_threads(n);
+        }
+        None => {}
+    }
+    let rt = builder.build()?;
     rt.block_on(async move {
         // Handlers first: a signal that arrives as soon as the listeners are announced must
         // already mean "shut down gracefully", not the default "die".

@@ -159,3 +159,29 @@ async fn changed_limits_take_effect_after_restart_and_keep_stored_data() {
     drop(server);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn workers_flag_is_honoured_and_checked() {
+    use common::store::Client;
+    let dir = temp_dir("workers");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--workers", "1"]);
+    let mut c = Client::connect("workers", server.port).await;
+    assert_eq!(&c.call(&[b"SET", b"a", b"1"]).await.payload[..], b"+OK\r\n");
+    assert_eq!(&c.call(&[b"GET", b"a"]).await.payload[..], b"$1\r\n1\r\n");
+    drop(c);
+    assert!(server.stop().success());
+    for bad in ["0", "1025"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--storage", "memory"])
+            .args(["--workers", bad])
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "--workers {bad} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("workers must be between 1 and 1024, not {bad}")),
+            "clear message: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
