@@ -14,7 +14,7 @@
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use mqkv_store::{Applied, StateMachine};
+use mqkv_store::{Applied, Entry, StateMachine};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, Snapshot,
@@ -28,9 +28,9 @@ use crate::types::{
     LogId, Membership, Outcome, Proposal, RaftEntry, SnapshotMeta, StorageError, TypeConfig,
 };
 
-/// Called with the outcome of every applied client entry, in log order,
+/// Called with every applied client entry and its outcome, in log order,
 /// before the write that proposed it returns.
-pub type ApplyHook = Arc<dyn Fn(&Applied) + Send + Sync>;
+pub type ApplyHook = Arc<dyn Fn(&Entry, &Applied) + Send + Sync>;
 
 /// What the applied entries add up to.
 pub(crate) struct AppliedState {
@@ -325,7 +325,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     };
                     // Outside the lock, so the hook may read the store.
                     if let Some(hook) = self.shared.hook.get() {
-                        applied.iter().for_each(|a| hook(a));
+                        requests
+                            .iter()
+                            .zip(&applied)
+                            .for_each(|(entry, outcome)| hook(entry, outcome));
                     }
                     applied.into_iter().map(Outcome::from).collect()
                 }

@@ -75,7 +75,7 @@ struct Recorder(Arc<Mutex<Vec<Applied>>>);
 impl Recorder {
     fn hook(&self) -> ApplyHook {
         let seen = self.0.clone();
-        Arc::new(move |applied: &Applied| seen.lock().unwrap().push(applied.clone()))
+        Arc::new(move |_: &Entry, applied: &Applied| seen.lock().unwrap().push(applied.clone()))
     }
 
     fn seen(&self) -> Vec<Applied> {

@@ -37,6 +37,11 @@ use tokio::sync::Notify;
 /// message expiry (the SDKs always send one).
 const DEFAULT_DEDUP_WINDOW_MS: u64 = 60_000;
 
+/// Longest the expiry loop waits before it looks at the earliest deadline again, whatever it
+/// expects: a new deadline wakes it sooner, but a snapshot installed from another member
+/// does not.
+const EXPIRY_LOOK_EVERY: Duration = Duration::from_secs(1);
+
 /// Reason code sent to a client whose request names a reserved response topic.
 const RESERVED_RESPONSE_TOPIC_REASON: u8 = mqkv_broker::codec::reason::NOT_AUTHORIZED;
 
@@ -109,12 +114,25 @@ impl Observers {
     }
 }
 
+/// True for a SET with a deadline, applied or not.
+fn sets_deadline(entry: &Entry) -> bool {
+    matches!(
+        &entry.op,
+        Op::Request(Request {
+            command: Command::Set { px_ms: Some(_), .. },
+            ..
+        })
+    )
+}
+
 /// Sends key notifications; shared by the apply hook and the request path (KEYNOTIFY).
 pub struct Notifier {
     broker: Broker,
     observers: Mutex<Observers>,
-    /// Poked after every applied entry: the earliest key deadline may have changed.
-    applied: Notify,
+    /// Poked after an applied SET with a deadline: the earliest deadline may now be sooner
+    /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
+    /// snapshot installed from another member, which the loop's periodic look catches.
+    deadline_set: Notify,
 }
 
 impl Notifier {
@@ -122,16 +140,20 @@ impl Notifier {
         Arc::new(Notifier {
             broker: broker.clone(),
             observers: Mutex::new(Observers::default()),
-            applied: Notify::new(),
+            deadline_set: Notify::new(),
         })
     }
 
-    /// The hook to install in the store: notifies observers of every applied change.
+    /// The hook to install in the store: notifies observers of every applied change, and the
+    /// expiry loop of every new deadline. (Waking that loop after every write had cost a
+    /// thread wake-up per proposal on the raft thread, and a pass of the loop on a worker.)
     pub fn hook(self: &Arc<Self>) -> ApplyHook {
         let me = self.clone();
-        Arc::new(move |applied: &Applied| {
+        Arc::new(move |entry: &Entry, applied: &Applied| {
             me.notify(applied);
-            me.applied.notify_one();
+            if sets_deadline(entry) {
+                me.deadline_set.notify_one();
+            }
         })
     }
 
@@ -204,8 +226,9 @@ impl StateStoreService {
             let next = self.node.read(|m| m.next_expiry_ms());
             let wait = match next {
                 Some(at) => Duration::from_millis(at.saturating_sub(now_ms())),
-                None => Duration::from_secs(3600),
-            };
+                None => EXPIRY_LOOK_EVERY,
+            }
+            .min(EXPIRY_LOOK_EVERY);
             if wait.is_zero() {
                 match self
                     .node
@@ -225,7 +248,7 @@ impl StateStoreService {
             }
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = self.notifier.applied.notified() => {}
+                _ = self.notifier.deadline_set.notified() => {}
             }
         }
     }
@@ -440,5 +463,46 @@ impl Service for Handle {
             .observers
             .lock()
             .connection_closed(who.connection_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(command: Command) -> Entry {
+        Entry {
+            now_ms: 1,
+            op: Op::Request(Request {
+                command,
+                ts: None,
+                ft: None,
+                dedup: None,
+            }),
+        }
+    }
+
+    fn set(px_ms: Option<u64>) -> Command {
+        Command::Set {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::from_static(b"v"),
+            condition: None,
+            px_ms,
+        }
+    }
+
+    /// Only a SET with a deadline can bring the earliest deadline forward, so only it wakes
+    /// the expiry loop.
+    #[test]
+    fn only_a_set_with_a_deadline_wakes_the_expiry_loop() {
+        assert!(sets_deadline(&request(set(Some(300)))));
+        assert!(!sets_deadline(&request(set(None))));
+        assert!(!sets_deadline(&request(Command::Del {
+            key: Bytes::from_static(b"k")
+        })));
+        assert!(!sets_deadline(&Entry {
+            now_ms: 1,
+            op: Op::ExpireDue
+        }));
     }
 }
