@@ -161,7 +161,7 @@ async fn run(
         }
         let (entries, replies): (Vec<Entry>, Vec<Reply>) =
             batch.into_iter().map(|p| (p.entry, p.reply)).unzip();
-        let result = match raft.client_write(Proposal(entries)).await {
+        let result = match raft.client_write(Proposal(entries.into())).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(WriteError::NotLeader {

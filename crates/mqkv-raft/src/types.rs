@@ -6,6 +6,7 @@
 //! travels back to the proposer as [`Outcome`]s and is never replicated.
 
 use std::io::Cursor;
+use std::sync::Arc;
 
 use mqkv_protocol::{Hlc, Response};
 use mqkv_store::{Applied, ChangeEvent};
@@ -40,9 +41,12 @@ pub(crate) type StorageError = openraft::StorageError<NodeId>;
 pub(crate) type Vote = openraft::Vote<NodeId>;
 
 /// Store entries that share one raft log entry (and so one fsync). See
-/// `proposer` for how they are gathered.
+/// `proposer` for how they are gathered. Shared: openraft copies a log
+/// entry on its way to being applied (the log hands out clones), and a copy
+/// should not copy every request in it. Encoded as a sequence, as a `Vec`
+/// of entries is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Proposal(pub(crate) Vec<mqkv_store::Entry>);
+pub(crate) struct Proposal(pub(crate) Arc<[mqkv_store::Entry]>);
 
 /// What applying one client entry answered. openraft wants responses to be
 /// serde types; [`Applied`] is not one, so this mirrors its fields.
@@ -70,5 +74,40 @@ impl From<Outcome> for Applied {
             version: outcome.version,
             events: outcome.events,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mqkv_protocol::Command;
+    use mqkv_store::{Entry, Op, Request};
+
+    /// Log files written when a proposal held a `Vec` of entries must read
+    /// the same now: the encoding is that of the sequence.
+    #[test]
+    fn a_proposal_encodes_as_its_sequence_of_entries() {
+        let entries = vec![
+            Entry {
+                now_ms: 5,
+                op: Op::Request(Request {
+                    command: Command::Get {
+                        key: bytes::Bytes::from_static(b"k"),
+                    },
+                    ts: None,
+                    ft: None,
+                    dedup: None,
+                }),
+            },
+            Entry {
+                now_ms: 6,
+                op: Op::ExpireDue,
+            },
+        ];
+        let as_vec = postcard::to_stdvec(&entries).unwrap();
+        let proposal = Proposal(entries.into());
+        assert_eq!(postcard::to_stdvec(&proposal).unwrap(), as_vec);
+        let read: Proposal = postcard::from_bytes(&as_vec).unwrap();
+        assert_eq!(read, proposal);
     }
 }
