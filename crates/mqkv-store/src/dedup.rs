@@ -28,6 +28,7 @@ use hashbrown::HashTable;
 use mqkv_protocol::{Hlc, Response};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::snapshot::BytesRef;
 use crate::{Applied, DedupId};
 
 /// Most answers remembered at once.
@@ -87,8 +88,7 @@ struct Probe<'a> {
 }
 
 impl<'a> Probe<'a> {
-    fn new(client_id: &'a str, correlation: &'a [u8]) -> Probe<'a> {
-        let client_id = client_id.as_bytes();
+    fn new(client_id: &'a [u8], correlation: &'a [u8]) -> Probe<'a> {
         Probe {
             hash: identity_hash(client_id, correlation),
             client_id,
@@ -289,7 +289,7 @@ impl DedupTable {
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let at = self.position(&Probe::new(&id.client_id, &id.correlation))?;
+        let at = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
         let remembered = &self.slot(at)?.remembered;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
@@ -309,7 +309,7 @@ impl DedupTable {
         if expires_at_ms <= now_ms {
             return;
         }
-        let probe = Probe::new(&id.client_id, &id.correlation);
+        let probe = Probe::new(id.client_id.as_bytes(), &id.correlation);
         self.forget_identity(&probe);
         while self.len() >= CAPACITY {
             let Some((_, evicted)) = self.by_expiry.pop_first() else {
@@ -339,15 +339,6 @@ pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&command.encode())
 }
 
-/// The bytes of an identity's correlation data, as `Bytes` serializes.
-struct Correlation<'a>(&'a [u8]);
-
-impl Serialize for Correlation<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(self.0)
-    }
-}
-
 /// Serialized as a flat list of `((client id, correlation data), answer)`
 /// in eviction order; the indexes are rebuilt on load so they can never
 /// disagree with the list in a snapshot.
@@ -358,7 +349,7 @@ impl Serialize for DedupTable {
         for slot in self.in_order() {
             let (client_id, correlation) = slot.parts();
             let client_id = std::str::from_utf8(client_id).map_err(S::Error::custom)?;
-            list.serialize_element(&((client_id, Correlation(correlation)), &slot.remembered))?;
+            list.serialize_element(&((client_id, BytesRef(correlation)), &slot.remembered))?;
         }
         list.end()
     }
@@ -374,7 +365,7 @@ impl<'de> Deserialize<'de> for DedupTable {
         for ((client_id, correlation), remembered) in list {
             // A repeated identity keeps its last answer, and only that
             // answer's expiry stays indexed.
-            let probe = Probe::new(&client_id, &correlation);
+            let probe = Probe::new(client_id.as_bytes(), &correlation);
             table.forget_identity(&probe);
             table.insert(&probe, remembered);
         }
@@ -599,11 +590,7 @@ mod tests {
                 .expect("the expiry order names an empty slot");
             assert_eq!(slot.key, *key);
             let (client_id, correlation) = slot.parts();
-            let probe = Probe {
-                hash: identity_hash(client_id, correlation),
-                client_id,
-                correlation,
-            };
+            let probe = Probe::new(client_id, correlation);
             assert_eq!(slot.hash, probe.hash);
             assert_eq!(table.position(&probe), Some(at));
         }

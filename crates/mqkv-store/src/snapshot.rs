@@ -46,7 +46,7 @@ impl Serialize for KeysRef<'_> {
 /// A byte string serialized as bytes (not as a sequence of numbers): the
 /// encoding of `Bytes`, so the snapshot format does not depend on how keys
 /// and values are held in memory.
-struct BytesRef<'a>(&'a [u8]);
+pub(crate) struct BytesRef<'a>(pub(crate) &'a [u8]);
 
 impl Serialize for BytesRef<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
