@@ -107,21 +107,28 @@ async fn crash_after_the_save_interval_keeps_retained_messages_and_sessions() {
 async fn a_data_directory_in_use_is_refused() {
     let dir = temp_dir("inuse");
     let _first = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
+    let dir = dir.to_str().expect("utf-8 path");
+    let err = serve_refused(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--storage",
+        "disk",
+        "--data-dir",
+        dir,
+    ]);
+    assert!(err.contains("in use"), "clear message: {err}");
+}
+
+/// Runs `mqkv serve ARGS`, which must refuse to start; returns what it wrote to standard
+/// error.
+fn serve_refused(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--storage",
-            "disk",
-            "--data-dir",
-        ])
-        .arg(&dir)
+        .arg("serve")
+        .args(args)
         .output()
         .expect("run");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("in use"), "clear message: {err}");
+    assert!(!out.status.success(), "mqkv serve {args:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[tokio::test]
@@ -171,13 +178,14 @@ async fn workers_flag_is_honoured_and_checked() {
     drop(c);
     assert!(server.stop().success());
     for bad in ["0", "1025"] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--storage", "memory"])
-            .args(["--workers", bad])
-            .output()
-            .expect("run");
-        assert!(!out.status.success(), "--workers {bad} accepted");
-        let err = String::from_utf8_lossy(&out.stderr);
+        let err = serve_refused(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--storage",
+            "memory",
+            "--workers",
+            bad,
+        ]);
         assert!(
             err.contains(&format!("workers must be between 1 and 1024, not {bad}")),
             "clear message: {err}"
