@@ -199,6 +199,19 @@ def test_keep_alive_kept_by_pings(server):
     # 2.4 s of life with keep alive 1: pings keep it open.
 
 
+def test_keep_alive_counts_from_the_last_packet(server):
+    c = raw_connected(server, "late-silence", keep_alive=1)
+    time.sleep(1.0)
+    c.send(r.pingreq())
+    assert c.expect(r.PINGRESP, 2).type == r.PINGRESP
+    start = time.monotonic()
+    d = c.expect_disconnect_and_close(timeout=4.0)
+    elapsed = time.monotonic() - start
+    assert d.reason == 0x8D, f"expected DISCONNECT 0x8D, got {d!r}"
+    # One and a half keep alives after the ping, not after the CONNECT.
+    assert 1.3 <= elapsed <= 2.5, f"disconnected {elapsed:.2f}s after the last packet"
+
+
 # -- CONNACK properties -------------------------------------------------------------------------
 
 

@@ -492,8 +492,13 @@ impl Conn {
     ) -> End {
         let max_in = self.inner.config.max_packet_size as usize;
         let mut shutdown = self.inner.shutdown.subscribe();
+        // One future for the whole connection: registered once, not once per read.
+        let mut shutdown = std::pin::pin!(shutdown.changed());
         let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         let mut last = Instant::now();
+        // The keep alive timer is armed once and moved only when it fires: re-arming it on every
+        // read would take the timer driver's lock twice per packet.
+        let mut idle = std::pin::pin!(tokio::time::sleep(ka.unwrap_or(Duration::MAX)));
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let end = loop {
             // While the batch is handled, queueing output does not wake the writer task: the
@@ -510,13 +515,22 @@ impl Conn {
                     break End::Abnormal;
                 }
             }
-            let deadline = ka.map(|d| last + d);
             // Decoded packets split their bytes off the front of `buf`, so its spare room
             // shrinks; without this a read could fetch a few dozen bytes at a time.
             if buf.capacity() - buf.len() < MIN_READ {
                 buf.reserve(READ_CHUNK);
             }
+            // In this order: a client that never stops sending still sees a shutdown.
             tokio::select! {
+                biased;
+                _ = &mut shutdown => {
+                    self.close_with(reason::SERVER_SHUTTING_DOWN);
+                    break End::Shutdown;
+                }
+                _ = &mut writer => {
+                    // Write failure or takeover.
+                    return End::Abnormal;
+                }
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {
                         // The peer is gone: nothing more can be written to it.
@@ -525,17 +539,13 @@ impl Conn {
                     }
                     Ok(_) => last = Instant::now(),
                 },
-                _ = sleep_until_opt(deadline) => {
-                    self.close_with(reason::KEEP_ALIVE_TIMEOUT);
-                    break End::Abnormal;
-                }
-                _ = shutdown.changed() => {
-                    self.close_with(reason::SERVER_SHUTTING_DOWN);
-                    break End::Shutdown;
-                }
-                _ = &mut writer => {
-                    // Write failure or takeover.
-                    return End::Abnormal;
+                () = idle.as_mut(), if ka.is_some() => {
+                    let deadline = last + ka.unwrap_or_default();
+                    if Instant::now() >= deadline {
+                        self.close_with(reason::KEEP_ALIVE_TIMEOUT);
+                        break End::Abnormal;
+                    }
+                    idle.as_mut().reset(deadline.into());
                 }
             }
         };
@@ -802,12 +812,5 @@ impl Conn {
             self.session.enqueue(d, limits);
         }
         Ok(())
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d.into()).await,
-        None => std::future::pending().await,
     }
 }

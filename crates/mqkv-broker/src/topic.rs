@@ -2,7 +2,8 @@
 
 /// A topic name a client may publish to: non-empty, no wildcards.
 pub fn valid_topic_name(t: &str) -> bool {
-    !t.is_empty() && t.len() <= u16::MAX as usize && !t.contains(['+', '#'])
+    // Bytes, not chars: both wildcards are ASCII, and no byte of a multi-byte UTF-8 sequence is.
+    !t.is_empty() && t.len() <= u16::MAX as usize && !t.bytes().any(|b| b == b'+' || b == b'#')
 }
 
 /// A topic filter: `#` only as the whole last level, `+` only as a whole level.
