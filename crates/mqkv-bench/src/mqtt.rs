@@ -338,11 +338,15 @@ impl Conn {
     }
 }
 
+/// Keep alive of every benchmark connection: the default of common MQTT clients (rumqttc, paho,
+/// the mosquitto tools), so the servers do their keep alive bookkeeping as in production.
+const KEEP_ALIVE_SECS: u16 = 60;
+
 pub fn connect_packet(client_id: &str) -> Packet {
     Packet::Connect(Box::new(Connect {
         protocol_level: V5,
         clean_start: true,
-        keep_alive: 0,
+        keep_alive: KEEP_ALIVE_SECS,
         client_id: client_id.to_owned(),
         username: None,
         password: None,
