@@ -3,7 +3,14 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `snapshot` | `"meta"` | postcard of the openraft snapshot meta (last log id, membership) |
-//! | `snapshot` | `"data"` | postcard of [`mqkv_store::StateMachine`] |
+//! | `snapshot` | `"data/0000000000"`, `"data/0000000001"`, … | postcard of [`mqkv_store::StateMachine`], in pieces of at most [`CHUNK_BYTES`] |
+//!
+//! The data is kept in pieces because redb holds a large value whole in
+//! memory until its transaction commits (rounded up to a power of two:
+//! 256 MB for a 170 MB snapshot), while ordinary pieces are written out
+//! as the transaction goes. Files of earlier versions hold the data under
+//! one key, `"data"`; it is read as it is and replaced by pieces at the
+//! next snapshot.
 //!
 //! The meta table also holds the [`mqkv_store::StoreConfig`] the store was
 //! created with, so entries are replayed under the same limits they were
@@ -24,7 +31,18 @@ use crate::OpenError;
 
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 const META_KEY: &str = "meta";
-const DATA_KEY: &str = "data";
+/// The data of files written before it was stored in pieces.
+const LEGACY_DATA_KEY: &str = "data";
+/// Prefix of the data's pieces; every piece key sorts between this and
+/// [`CHUNKS_END`].
+const CHUNK_PREFIX: &str = "data/";
+const CHUNKS_END: &str = "data0";
+/// Largest piece of a snapshot's data.
+pub(crate) const CHUNK_BYTES: usize = 1 << 20;
+
+fn chunk_key(index: usize) -> String {
+    format!("{CHUNK_PREFIX}{index:010}")
+}
 
 /// Meta key of the store configuration, written when the file is created.
 pub(crate) const STORE_CONFIG_META: &str = "store_config";
@@ -63,14 +81,40 @@ fn read(db: &Database) -> Result<Option<StoredSnapshot>, ReadError> {
         Err(e) => return Err(storage(e.into())),
     };
     let meta = table.get(META_KEY).map_err(|e| storage(e.into()))?;
-    let data = table.get(DATA_KEY).map_err(|e| storage(e.into()))?;
+    let mut data: Option<Vec<u8>> = None;
+    let chunks = table
+        .range(CHUNK_PREFIX..CHUNKS_END)
+        .map_err(|e| storage(e.into()))?;
+    for (index, chunk) in chunks.enumerate() {
+        let (key, value) = chunk.map_err(|e| storage(e.into()))?;
+        if key.value() != chunk_key(index) {
+            return Err(ReadError::Decode(format!(
+                "the snapshot's piece {} is missing (found {:?} in its place)",
+                index,
+                key.value()
+            )));
+        }
+        data.get_or_insert_with(Vec::new)
+            .extend_from_slice(value.value());
+    }
+    let legacy = table.get(LEGACY_DATA_KEY).map_err(|e| storage(e.into()))?;
+    let data = match (data, legacy) {
+        (Some(_), Some(_)) => {
+            return Err(ReadError::Decode(
+                "the snapshot has its data both whole and in pieces".into(),
+            ))
+        }
+        (Some(data), None) => Some(data),
+        (None, Some(legacy)) => Some(legacy.value().to_vec()),
+        (None, None) => None,
+    };
     match (meta, data) {
         (None, None) => Ok(None),
         (Some(meta), Some(data)) => {
             let meta: SnapshotMeta = postcard::from_bytes(meta.value()).map_err(|e| {
                 ReadError::Decode(format!("the snapshot meta does not decode: {e}"))
             })?;
-            Ok(Some((meta, data.value().to_vec())))
+            Ok(Some((meta, data)))
         }
         _ => Err(ReadError::Decode(
             "the snapshot is incomplete (meta without data or data without meta)".into(),
@@ -103,6 +147,16 @@ impl SnapshotFile {
     /// Writes a snapshot durably, unless the stored one is at least as new.
     /// Returns whether it was written.
     pub(crate) fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<bool, String> {
+        self.save_chunks(meta, data.chunks(CHUNK_BYTES))
+    }
+
+    /// [`Self::save`] with the data given in pieces of at most
+    /// [`CHUNK_BYTES`], each dropped once it is in the file's transaction.
+    pub(crate) fn save_chunks<C: AsRef<[u8]>>(
+        &self,
+        meta: &SnapshotMeta,
+        chunks: impl IntoIterator<Item = C>,
+    ) -> Result<bool, String> {
         let guard = self.db();
         let db = guard.as_ref().ok_or_else(|| self.closed())?;
         let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", self.path.display());
@@ -124,7 +178,15 @@ impl SnapshotFile {
             table
                 .insert(META_KEY, meta_bytes.as_slice())
                 .map_err(|e| in_file(&e))?;
-            table.insert(DATA_KEY, data).map_err(|e| in_file(&e))?;
+            table.remove(LEGACY_DATA_KEY).map_err(|e| in_file(&e))?;
+            table
+                .retain_in(CHUNK_PREFIX..CHUNKS_END, |_, _| false)
+                .map_err(|e| in_file(&e))?;
+            for (index, chunk) in chunks.into_iter().enumerate() {
+                table
+                    .insert(chunk_key(index).as_str(), chunk.as_ref())
+                    .map_err(|e| in_file(&e))?;
+            }
         }
         txn.commit().map_err(|e| in_file(&e))?;
         Ok(true)
@@ -140,5 +202,117 @@ impl SnapshotFile {
     /// Closes the file; later saves and reads fail.
     pub(crate) fn close(&self) {
         drop(self.db().take());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{LogId, Membership};
+
+    fn meta(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: Membership::default(),
+            snapshot_id: format!("s-{index}"),
+        }
+    }
+
+    fn data(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect()
+    }
+
+    fn pieces(file: &SnapshotFile) -> Vec<String> {
+        let guard = file.db();
+        let db = guard.as_ref().expect("open");
+        let txn = db.begin_read().expect("read");
+        let table = txn.open_table(SNAPSHOT).expect("table");
+        table
+            .range(CHUNK_PREFIX..CHUNKS_END)
+            .expect("range")
+            .map(|entry| entry.expect("entry").0.value().to_owned())
+            .collect()
+    }
+
+    fn file(dir: &tempfile::TempDir) -> SnapshotFile {
+        let path = dir.path().join("state.redb");
+        let db = Database::create(&path).expect("create");
+        SnapshotFile::new(db, path)
+    }
+
+    #[test]
+    fn data_larger_than_a_piece_is_stored_in_pieces_and_read_back_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = file(&dir);
+        let big = data(2 * CHUNK_BYTES + 12_345, 1);
+        assert!(file.save(&meta(10), &big).expect("save"));
+        assert_eq!(
+            pieces(&file),
+            vec![chunk_key(0), chunk_key(1), chunk_key(2)]
+        );
+        let (stored_meta, stored) = file.read().expect("read").expect("a snapshot");
+        assert_eq!(stored_meta, meta(10));
+        assert_eq!(stored, big);
+
+        // A smaller, newer snapshot leaves no piece of the older one behind.
+        let small = data(100, 2);
+        assert!(file.save(&meta(20), &small).expect("save"));
+        assert_eq!(pieces(&file), vec![chunk_key(0)]);
+        assert_eq!(file.read().expect("read"), Some((meta(20), small)));
+
+        // An older one is not written.
+        assert!(!file.save(&meta(15), &big).expect("save"));
+        assert_eq!(file.read().expect("read").map(|(m, _)| m), Some(meta(20)));
+    }
+
+    #[test]
+    fn a_file_of_an_earlier_version_is_read_and_replaced_by_pieces() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = file(&dir);
+        let old = data(3_000, 3);
+        {
+            let guard = file.db();
+            let db = guard.as_ref().expect("open");
+            let txn = db.begin_write().expect("write");
+            {
+                let mut table = txn.open_table(SNAPSHOT).expect("table");
+                let meta_bytes = postcard::to_stdvec(&meta(5)).expect("meta");
+                table.insert(META_KEY, meta_bytes.as_slice()).expect("meta");
+                table.insert(LEGACY_DATA_KEY, old.as_slice()).expect("data");
+            }
+            txn.commit().expect("commit");
+        }
+        assert_eq!(file.read().expect("read"), Some((meta(5), old)));
+        let new = data(CHUNK_BYTES + 1, 4);
+        assert!(file.save(&meta(6), &new).expect("save"));
+        assert_eq!(file.read().expect("read"), Some((meta(6), new)));
+        let guard = file.db();
+        let db = guard.as_ref().expect("open");
+        let txn = db.begin_read().expect("read");
+        let table = txn.open_table(SNAPSHOT).expect("table");
+        assert!(table.get(LEGACY_DATA_KEY).expect("get").is_none());
+    }
+
+    #[test]
+    fn a_missing_piece_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = file(&dir);
+        assert!(file
+            .save(&meta(1), &data(3 * CHUNK_BYTES, 5))
+            .expect("save"));
+        {
+            let guard = file.db();
+            let db = guard.as_ref().expect("open");
+            let txn = db.begin_write().expect("write");
+            {
+                let mut table = txn.open_table(SNAPSHOT).expect("table");
+                table.remove(chunk_key(1).as_str()).expect("remove");
+            }
+            txn.commit().expect("commit");
+        }
+        let error = file.read().expect_err("a hole in the data");
+        assert!(error.contains("piece 1 is missing"), "{error}");
     }
 }

@@ -21,7 +21,7 @@ use openraft::{
     StorageIOError,
 };
 
-use crate::snapshot_file::SnapshotFile;
+use crate::snapshot_file::{SnapshotFile, CHUNK_BYTES};
 use crate::stats::Counters;
 use crate::sync::{self, lock};
 use crate::types::{
@@ -159,17 +159,28 @@ impl StateShared {
         // Log written from here on (while the snapshot is serialized and
         // saved) is not in it and still counts towards the next one.
         let covered = Counters::get(&self.counters.log_bytes_since_snapshot);
-        let (meta, data) = self.serialize()?;
+        let (meta, chunks, len) = {
+            // Apply waits meanwhile (and so may readers queued behind it).
+            let state = self.read();
+            let chunks = postcard::serialize_with_flavor(&state.machine, Chunks::default())
+                .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+            (self.meta_of(&state), chunks.pieces, chunks.len)
+        };
+        // The pieces are handed to the file one by one and dropped there, so
+        // the serialized state shrinks as the file's transaction grows.
         let written = self
             .file
-            .save(&meta, &data)
+            .save_chunks(&meta, chunks)
             .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
         if written {
             Counters::add(&self.counters.snapshots_built, 1);
-            self.counters.snapshot_covers(covered, data.len() as u64);
+            self.counters.snapshot_covers(covered, len);
             *lock(&self.current) = Some(meta.clone());
         }
-        Ok((meta, data))
+        // openraft takes only the meta of a snapshot it asked to be built; a
+        // member that needs the data gets it from `current_snapshot`, which
+        // reads it back from the file.
+        Ok((meta, Vec::new()))
     }
 
     fn install_snapshot(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), Failure> {
@@ -213,6 +224,54 @@ impl StateShared {
             .read()
             .map_err(|e| Failure::new(ErrorVerb::Read, e))?;
         Ok(stored.map(|(meta, data)| snapshot(meta, data)))
+    }
+}
+
+/// A postcard output of pieces of at most [`CHUNK_BYTES`]: a snapshot's
+/// data without one allocation the size of the whole (grown by doubling,
+/// that had copied itself onto fresh pages while apply waited).
+#[derive(Default)]
+struct Chunks {
+    pieces: Vec<Vec<u8>>,
+    len: u64,
+}
+
+impl Chunks {
+    fn room(&mut self) -> &mut Vec<u8> {
+        if self
+            .pieces
+            .last()
+            .is_none_or(|last| last.len() == CHUNK_BYTES)
+        {
+            self.pieces.push(Vec::with_capacity(CHUNK_BYTES));
+        }
+        let last = self.pieces.len() - 1;
+        &mut self.pieces[last]
+    }
+}
+
+impl postcard::ser_flavors::Flavor for Chunks {
+    type Output = Chunks;
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.room().push(byte);
+        self.len += 1;
+        Ok(())
+    }
+
+    fn try_extend(&mut self, mut bytes: &[u8]) -> postcard::Result<()> {
+        self.len += bytes.len() as u64;
+        while !bytes.is_empty() {
+            let piece = self.room();
+            let n = (CHUNK_BYTES - piece.len()).min(bytes.len());
+            piece.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+        }
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Chunks> {
+        Ok(self)
     }
 }
 
@@ -362,5 +421,30 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         let shared = self.shared.clone();
         blocking(move || shared.current_snapshot()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pieces put together are exactly postcard's encoding, whatever
+    /// the mix of single bytes and runs that cross a piece's end.
+    #[test]
+    fn pieces_join_into_the_plain_encoding() {
+        let value: (Vec<u8>, Vec<u64>, String, Vec<u8>) = (
+            vec![7; CHUNK_BYTES - 3],
+            (0..1_000u64).map(|i| i * 1_000_003).collect(),
+            "é".repeat(10),
+            (0..(2 * CHUNK_BYTES + 5)).map(|i| i as u8).collect(),
+        );
+        let plain = postcard::to_stdvec(&value).expect("plain");
+        let chunks = postcard::serialize_with_flavor(&value, Chunks::default()).expect("pieces");
+        assert_eq!(chunks.len, plain.len() as u64);
+        assert!(chunks.pieces.iter().all(|p| p.len() <= CHUNK_BYTES));
+        assert!(chunks.pieces[..chunks.pieces.len() - 1]
+            .iter()
+            .all(|p| p.len() == CHUNK_BYTES));
+        assert_eq!(chunks.pieces.concat(), plain);
     }
 }
