@@ -52,6 +52,14 @@ impl From<ErrorKind> for Response {
     }
 }
 
+/// The bytes of [`Response::Value`] for `value`, encoded from a borrowed
+/// value (a GET answers from the stored record without copying it first).
+pub fn encode_value(value: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(bulk_len(value));
+    put_bulk(&mut out, value);
+    out.freeze()
+}
+
 impl Response {
     /// The exact payload bytes.
     pub fn encode(&self) -> Bytes {
@@ -60,11 +68,7 @@ impl Response {
             Response::NotApplied => Bytes::from_static(b":-1\r\n"),
             Response::Nil => Bytes::from_static(b"$-1\r\n"),
             Response::Integer(n) => Bytes::from(format!(":{n}\r\n")),
-            Response::Value(value) => {
-                let mut out = BytesMut::with_capacity(bulk_len(value));
-                put_bulk(&mut out, value);
-                out.freeze()
-            }
+            Response::Value(value) => encode_value(value),
             Response::Error(kind) => Bytes::from(format!("-ERR {}\r\n", kind.message())),
             Response::ErrorText(text) => {
                 // A CR or LF inside would end the line early and make the

@@ -26,8 +26,8 @@ use mqkv_broker::{
 };
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
-    is_reserved_response_topic, notification_topic, parse_request_bytes, Command, Hlc, Response,
-    NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
+    is_reserved_response_topic, notification_topic, parse_request_bytes, response, Command, Hlc,
+    Response, NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
 };
 use mqkv_raft::{ApplyHook, StoreNode};
 use mqkv_store::{Applied, DedupId, Entry, Op, Request};
@@ -333,12 +333,20 @@ impl StateStoreService {
                 drop(observers);
                 self.respond(&reply, &response, None);
             }
-            Command::Get { key } => match self.node.read(|m| m.get(key, now)) {
-                Some((value, version)) => {
-                    self.respond(&reply, &Response::Value(value), Some(&version))
+            Command::Get { key } => {
+                // Encoded straight from the stored value, which is not copied first.
+                let hit = self.node.read(|m| {
+                    m.get_with(key, now, |value, version| {
+                        (response::encode_value(value), version.clone())
+                    })
+                });
+                match hit {
+                    Some((payload, version)) => {
+                        self.respond_payload(&reply, payload, Some(&version))
+                    }
+                    None => self.respond(&reply, &Response::Nil, None),
                 }
-                None => self.respond(&reply, &Response::Nil, None),
-            },
+            }
             Command::Scan { pattern, token } => {
                 let page = self.node.read(|m| m.scan(pattern, token.as_deref(), now));
                 self.respond(&reply, &page, None);
@@ -374,6 +382,11 @@ impl StateStoreService {
     }
 
     fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
+        self.respond_payload(reply, response.encode(), version);
+    }
+
+    /// Answers with status 200 and an already encoded response.
+    fn respond_payload(&self, reply: &Reply, payload: Bytes, version: Option<&Hlc>) {
         let mut user_properties = Vec::with_capacity(3);
         user_properties.push((prop::STATUS.to_owned(), prop::STATUS_OK.to_owned()));
         user_properties.push((
@@ -383,7 +396,7 @@ impl StateStoreService {
         if let Some(v) = version {
             user_properties.push((prop::TIMESTAMP.to_owned(), v.to_text()));
         }
-        self.send(reply, response.encode(), user_properties);
+        self.send(reply, payload, user_properties);
     }
 
     fn unsupported_version(&self, reply: &Reply, requested: &str) {

@@ -14,12 +14,21 @@ impl StateMachine {
     /// The value and version of a live key. Pure: expired keys are skipped,
     /// not removed.
     pub fn get(&self, key: &[u8], now_ms: u64) -> Option<(Bytes, Hlc)> {
-        self.live(key, now_ms).map(|record| {
-            (
-                Bytes::copy_from_slice(&record.value),
-                record.version.clone(),
-            )
+        self.get_with(key, now_ms, |value, version| {
+            (Bytes::copy_from_slice(value), version.clone())
         })
+    }
+
+    /// [`StateMachine::get`] without copying the value: `read` sees the
+    /// stored value and version of a live key.
+    pub fn get_with<R>(
+        &self,
+        key: &[u8],
+        now_ms: u64,
+        read: impl FnOnce(&[u8], &Hlc) -> R,
+    ) -> Option<R> {
+        self.live(key, now_ms)
+            .map(|record| read(&record.value, &record.version))
     }
 }
 
