@@ -1291,3 +1291,42 @@ async fn a_damaged_log_of_earlier_versions_is_refused_and_kept() {
     std::fs::write(&legacy, &bytes).unwrap();
     assert_refused_as_corrupt(dir.path(), &[&legacy], "a damaged old log").await;
 }
+
+/// A state larger than one piece of the state file is saved in several and
+/// comes back whole: loaded from the snapshot at restart, the log after it
+/// replayed on top.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_in_several_pieces_survives_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut direct = StateMachine::new(config());
+    let options = NodeOptions {
+        snapshot_every: 30,
+        logs_kept_after_snapshot: 2,
+        ..NodeOptions::default()
+    };
+    let (node, _) = open(dir.path(), options.clone()).await;
+    let value = "v".repeat(100_000);
+    for i in 0..40u64 {
+        write_both(&node, &mut direct, set(T0 + i, &format!("big{i}"), &value)).await;
+    }
+    wait_for_snapshot(&node).await;
+    assert!(node.stats().snapshot_index.is_some());
+    let serialized = postcard::to_stdvec(&direct).unwrap().len();
+    assert!(
+        serialized > 3 * crate::snapshot_file::CHUNK_BYTES,
+        "the state ({serialized} bytes) should take several pieces"
+    );
+    write_both(&node, &mut direct, set(T0 + 50, "after", "snapshot")).await;
+    let before = snapshot_of(&node);
+    node.shutdown().await.unwrap();
+
+    let (node, _) = open(dir.path(), options).await;
+    let after = snapshot_of(&node);
+    assert_eq!(after, before);
+    assert_eq!(after, direct);
+    assert_eq!(
+        after.get(b"big39", T0 + 60).map(|(v, _)| v.len()),
+        Some(100_000)
+    );
+    node.shutdown().await.unwrap();
+}
