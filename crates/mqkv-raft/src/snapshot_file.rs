@@ -224,16 +224,34 @@ mod tests {
             .collect()
     }
 
-    fn pieces(file: &SnapshotFile) -> Vec<String> {
+    /// Looks into the snapshot table as stored.
+    fn inspect<R>(
+        file: &SnapshotFile,
+        f: impl FnOnce(&redb::ReadOnlyTable<&str, &[u8]>) -> R,
+    ) -> R {
         let guard = file.db();
         let db = guard.as_ref().expect("open");
         let txn = db.begin_read().expect("read");
-        let table = txn.open_table(SNAPSHOT).expect("table");
-        table
-            .range(CHUNK_PREFIX..CHUNKS_END)
-            .expect("range")
-            .map(|entry| entry.expect("entry").0.value().to_owned())
-            .collect()
+        f(&txn.open_table(SNAPSHOT).expect("table"))
+    }
+
+    /// Changes the snapshot table behind the file's back.
+    fn tamper(file: &SnapshotFile, f: impl FnOnce(&mut redb::Table<&str, &[u8]>)) {
+        let guard = file.db();
+        let db = guard.as_ref().expect("open");
+        let txn = db.begin_write().expect("write");
+        f(&mut txn.open_table(SNAPSHOT).expect("table"));
+        txn.commit().expect("commit");
+    }
+
+    fn pieces(file: &SnapshotFile) -> Vec<String> {
+        inspect(file, |table| {
+            table
+                .range(CHUNK_PREFIX..CHUNKS_END)
+                .expect("range")
+                .map(|entry| entry.expect("entry").0.value().to_owned())
+                .collect()
+        })
     }
 
     fn file(dir: &tempfile::TempDir) -> SnapshotFile {
@@ -272,27 +290,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = file(&dir);
         let old = data(3_000, 3);
-        {
-            let guard = file.db();
-            let db = guard.as_ref().expect("open");
-            let txn = db.begin_write().expect("write");
-            {
-                let mut table = txn.open_table(SNAPSHOT).expect("table");
-                let meta_bytes = postcard::to_stdvec(&meta(5)).expect("meta");
-                table.insert(META_KEY, meta_bytes.as_slice()).expect("meta");
-                table.insert(LEGACY_DATA_KEY, old.as_slice()).expect("data");
-            }
-            txn.commit().expect("commit");
-        }
+        tamper(&file, |table| {
+            let meta_bytes = postcard::to_stdvec(&meta(5)).expect("meta");
+            table.insert(META_KEY, meta_bytes.as_slice()).expect("meta");
+            table.insert(LEGACY_DATA_KEY, old.as_slice()).expect("data");
+        });
         assert_eq!(file.read().expect("read"), Some((meta(5), old)));
         let new = data(CHUNK_BYTES + 1, 4);
         assert!(file.save(&meta(6), &new).expect("save"));
         assert_eq!(file.read().expect("read"), Some((meta(6), new)));
-        let guard = file.db();
-        let db = guard.as_ref().expect("open");
-        let txn = db.begin_read().expect("read");
-        let table = txn.open_table(SNAPSHOT).expect("table");
-        assert!(table.get(LEGACY_DATA_KEY).expect("get").is_none());
+        assert!(inspect(&file, |table| table
+            .get(LEGACY_DATA_KEY)
+            .expect("get")
+            .is_none()));
     }
 
     #[test]
@@ -302,16 +312,9 @@ mod tests {
         assert!(file
             .save(&meta(1), &data(3 * CHUNK_BYTES, 5))
             .expect("save"));
-        {
-            let guard = file.db();
-            let db = guard.as_ref().expect("open");
-            let txn = db.begin_write().expect("write");
-            {
-                let mut table = txn.open_table(SNAPSHOT).expect("table");
-                table.remove(chunk_key(1).as_str()).expect("remove");
-            }
-            txn.commit().expect("commit");
-        }
+        tamper(&file, |table| {
+            table.remove(chunk_key(1).as_str()).expect("remove");
+        });
         let error = file.read().expect_err("a hole in the data");
         assert!(error.contains("piece 1 is missing"), "{error}");
     }
