@@ -97,26 +97,37 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
                 return (hist, ops, errors, Some("no window".to_owned()));
             };
             let mut seq = 0u64;
-            loop {
-                let t0 = Instant::now();
-                if t0 >= end {
-                    break;
-                }
-                seq += 1;
-                let r = within(OP_TIMEOUT, "a response", w.op(seq)).await;
-                let t1 = Instant::now();
-                let counted = t0 >= start;
-                match r {
-                    Ok(true) if counted => {
-                        hist.saturating_record((t1 - t0).as_nanos() as u64);
-                        ops += 1;
+            // One deadline for the whole window: an operation still unanswered `OP_TIMEOUT`
+            // after the window ends has taken longer than that. A timer per operation would
+            // cost the load generator a timer registration and removal per request.
+            let looped = tokio::time::timeout_at((end + OP_TIMEOUT).into(), async {
+                let mut t0 = Instant::now();
+                while t0 < end {
+                    seq += 1;
+                    let r = w.op(seq).await;
+                    let t1 = Instant::now();
+                    match r {
+                        Ok(true) if t0 >= start => {
+                            hist.saturating_record((t1 - t0).as_nanos() as u64);
+                            ops += 1;
+                        }
+                        Ok(false) if t0 >= start => errors += 1,
+                        Ok(_) => {}
+                        Err(e) => return Err(e),
                     }
-                    Ok(false) if counted => errors += 1,
-                    Ok(_) => {}
-                    Err(e) => return (hist, ops, errors, Some(format!("{e:#}"))),
+                    t0 = t1;
                 }
-            }
-            (hist, ops, errors, None)
+                Ok(())
+            })
+            .await;
+            let failure = match looped {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("{e:#}")),
+                Err(_) => Some(format!(
+                    "timed out after {OP_TIMEOUT:?} waiting for a response"
+                )),
+            };
+            (hist, ops, errors, failure)
         });
     }
     let start = Instant::now() + s.warmup;
