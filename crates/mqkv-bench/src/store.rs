@@ -64,13 +64,16 @@ impl StoreRequest {
             packet_id: 1,
             properties: Properties {
                 message_expiry_interval: Some(10),
-                content_type: Some("application/octet-stream".to_owned()),
+                content_type: Some("application/octet-stream".into()),
                 response_topic: Some(response_topic(client_id)),
                 correlation_data: Some(Bytes::copy_from_slice(&CORR_MARKER)),
                 user_properties: vec![
-                    ("__srcId".to_owned(), client_id.to_owned()),
-                    ("__ts".to_owned(), format!("{:015}:{:05}:{node_id}", 0, 0)),
-                    ("__protVer".to_owned(), "1.0".to_owned()),
+                    ("__srcId".into(), client_id.to_owned().into()),
+                    (
+                        "__ts".into(),
+                        format!("{:015}:{:05}:{node_id}", 0, 0).into(),
+                    ),
+                    ("__protVer".into(), "1.0".into()),
                 ],
                 ..Properties::default()
             },

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use parking_lot::Mutex;
 
 use bytes::Bytes;
-use mqkv_broker::codec::{Properties, QoS};
+use mqkv_broker::codec::{PropStr, Properties, QoS};
 use mqkv_broker::{
     Broker, ClientIdentity, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };
@@ -172,12 +172,15 @@ impl Notifier {
                     qos: QoS::AtLeastOnce,
                     retain: false,
                     properties: Properties {
-                        content_type: Some(prop::CONTENT_TYPE.to_owned()),
+                        content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
                         user_properties: vec![
-                            (prop::TIMESTAMP.to_owned(), event.version.to_text()),
                             (
-                                prop::PROTOCOL_VERSION.to_owned(),
-                                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+                                PropStr::Borrowed(prop::TIMESTAMP),
+                                PropStr::Owned(event.version.to_text()),
+                            ),
+                            (
+                                PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
                             ),
                         ],
                         ..Default::default()
@@ -286,7 +289,7 @@ impl StateStoreService {
                 .user_properties
                 .iter()
                 .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
+                .map(|(_, v)| &**v)
         };
         if let Some(v) = user(prop::PROTOCOL_VERSION) {
             if !mqkv_protocol::protocol_version_supported(v) {
@@ -388,13 +391,19 @@ impl StateStoreService {
     /// Answers with status 200 and an already encoded response.
     fn respond_payload(&self, reply: &Reply, payload: Bytes, version: Option<&Hlc>) {
         let mut user_properties = Vec::with_capacity(3);
-        user_properties.push((prop::STATUS.to_owned(), prop::STATUS_OK.to_owned()));
         user_properties.push((
-            prop::PROTOCOL_VERSION.to_owned(),
-            prop::PROTOCOL_VERSION_VALUE.to_owned(),
+            PropStr::Borrowed(prop::STATUS),
+            PropStr::Borrowed(prop::STATUS_OK),
+        ));
+        user_properties.push((
+            PropStr::Borrowed(prop::PROTOCOL_VERSION),
+            PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
         ));
         if let Some(v) = version {
-            user_properties.push((prop::TIMESTAMP.to_owned(), v.to_text()));
+            user_properties.push((
+                PropStr::Borrowed(prop::TIMESTAMP),
+                PropStr::Owned(v.to_text()),
+            ));
         }
         self.send(reply, payload, user_properties);
     }
@@ -402,24 +411,24 @@ impl StateStoreService {
     fn unsupported_version(&self, reply: &Reply, requested: &str) {
         let user_properties = vec![
             (
-                prop::STATUS.to_owned(),
-                prop::STATUS_VERSION_NOT_SUPPORTED.to_owned(),
+                PropStr::Borrowed(prop::STATUS),
+                PropStr::Borrowed(prop::STATUS_VERSION_NOT_SUPPORTED),
             ),
             (
-                prop::STATUS_MESSAGE.to_owned(),
-                format!("protocol version {requested} is not supported"),
+                PropStr::Borrowed(prop::STATUS_MESSAGE),
+                PropStr::Owned(format!("protocol version {requested} is not supported")),
             ),
             (
-                prop::SUPPORTED_MAJOR_VERSIONS.to_owned(),
-                prop::SUPPORTED_MAJOR_VERSIONS_VALUE.to_owned(),
+                PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS),
+                PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS_VALUE),
             ),
             (
-                prop::REQUEST_PROTOCOL_VERSION.to_owned(),
-                requested.to_owned(),
+                PropStr::Borrowed(prop::REQUEST_PROTOCOL_VERSION),
+                PropStr::Owned(requested.to_owned()),
             ),
             (
-                prop::PROTOCOL_VERSION.to_owned(),
-                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+                PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
             ),
         ];
         self.send(reply, Bytes::new(), user_properties);
@@ -428,24 +437,27 @@ impl StateStoreService {
     /// The store could not take the request (it is shutting down or its disk failed).
     fn unavailable(&self, reply: &Reply, why: &str) {
         let user_properties = vec![
-            (prop::STATUS.to_owned(), "503".to_owned()),
-            (prop::STATUS_MESSAGE.to_owned(), why.to_owned()),
+            (PropStr::Borrowed(prop::STATUS), PropStr::Borrowed("503")),
             (
-                prop::PROTOCOL_VERSION.to_owned(),
-                prop::PROTOCOL_VERSION_VALUE.to_owned(),
+                PropStr::Borrowed(prop::STATUS_MESSAGE),
+                PropStr::Owned(why.to_owned()),
+            ),
+            (
+                PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
             ),
         ];
         self.send(reply, Bytes::new(), user_properties);
     }
 
-    fn send(&self, reply: &Reply, payload: Bytes, user_properties: Vec<(String, String)>) {
+    fn send(&self, reply: &Reply, payload: Bytes, user_properties: Vec<(PropStr, PropStr)>) {
         self.broker.publish(OutboundMessage {
             topic: reply.topic.clone(),
             payload,
             qos: QoS::AtLeastOnce,
             retain: false,
             properties: Properties {
-                content_type: Some(prop::CONTENT_TYPE.to_owned()),
+                content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
                 correlation_data: Some(reply.correlation.clone()),
                 message_expiry_interval: reply.expiry,
                 user_properties,

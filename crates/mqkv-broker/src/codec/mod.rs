@@ -14,7 +14,7 @@ pub mod reason;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-pub use props::{PerReceiver, PropContext, Properties};
+pub use props::{PerReceiver, PropContext, PropStr, Properties};
 
 /// Protocol level byte of MQTT 3.1.1.
 pub const V311: u8 = 4;
@@ -906,6 +906,52 @@ mod tests {
         assert_eq!(
             roundtrip(Packet::Publish(p.clone()), V5),
             Packet::Publish(p)
+        );
+    }
+
+    #[test]
+    fn common_property_texts_decode_borrowed_and_others_owned() {
+        let p = Publish {
+            qos: QoS::AtLeastOnce,
+            topic: "a/b".into(),
+            packet_id: 7,
+            properties: Properties {
+                content_type: Some("application/octet-stream".into()),
+                user_properties: vec![
+                    ("__protVer".into(), "1.0".into()),
+                    ("__ts".into(), "0000000000001:00000:n".into()),
+                    ("__protVe".into(), "1.00".into()),
+                ],
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let Packet::Publish(got) = roundtrip(Packet::Publish(p.clone()), V5) else {
+            panic!("not a PUBLISH");
+        };
+        assert_eq!(got, p);
+        let borrowed = |s: &PropStr| matches!(s, PropStr::Borrowed(_));
+        assert!(got.properties.content_type.as_ref().is_some_and(borrowed));
+        let kinds: Vec<(bool, bool)> = got
+            .properties
+            .user_properties
+            .iter()
+            .map(|(k, v)| (borrowed(k), borrowed(v)))
+            .collect();
+        assert_eq!(kinds, [(true, true), (true, false), (false, false)]);
+    }
+
+    #[test]
+    fn a_common_property_text_is_checked_like_any_other() {
+        // User property whose name's length runs past the block: truncated, not borrowed.
+        let props = [0x26u8, 0, 9, b'_', b'_', b'p', b'r', b'o', b't'];
+        let mut body = vec![0, 1, b't', 0, 1, props.len() as u8];
+        body.extend_from_slice(&props);
+        let mut b = BytesMut::from(&[0x32u8, body.len() as u8][..]);
+        b.extend_from_slice(&body);
+        assert_eq!(
+            decode(&mut b, Some(V5), 1000),
+            Err(DecodeError::Malformed("binary data truncated"))
         );
     }
 

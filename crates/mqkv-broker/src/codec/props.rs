@@ -93,12 +93,54 @@ pub struct PerReceiver<'a> {
     pub topic_alias: Option<u16>,
 }
 
+/// The text of a content type or of a user property's name or value. Most are strings a
+/// service or a client knows in advance (the RPC conventions' `__stat`, `__protVer`, `1.0`,
+/// ...): those are borrowed, outgoing and incoming alike, and cost no allocation.
+pub type PropStr = std::borrow::Cow<'static, str>;
+
+/// Property texts decoded without a copy: names and values of the RPC conventions the state
+/// store's clients use. Anything else is copied.
+const COMMON_TEXTS: [&str; 18] = [
+    "__ts",
+    "__ft",
+    "__stat",
+    "__protVer",
+    "__srcId",
+    "__invId",
+    "__stMsg",
+    "__apErr",
+    "__propName",
+    "__propVal",
+    "__supProtMajVer",
+    "__requestProtVer",
+    "1.0",
+    "1",
+    "200",
+    "true",
+    "application/octet-stream",
+    "application/json",
+];
+
+/// Reads a string property text, borrowing it from [`COMMON_TEXTS`] when it is one of them.
+fn read_prop_str(buf: &mut Bytes) -> Result<PropStr, DecodeError> {
+    if buf.remaining() >= 2 {
+        let len = usize::from(u16::from_be_bytes([buf[0], buf[1]]));
+        if let Some(raw) = buf.get(2..2 + len) {
+            if let Some(common) = COMMON_TEXTS.iter().find(|c| c.as_bytes() == raw) {
+                buf.advance(2 + len);
+                return Ok(PropStr::Borrowed(common));
+            }
+        }
+    }
+    read_string(buf).map(PropStr::Owned)
+}
+
 /// Every MQTT 5 property; `None` or empty means absent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Properties {
     pub payload_format_indicator: Option<u8>,
     pub message_expiry_interval: Option<u32>,
-    pub content_type: Option<String>,
+    pub content_type: Option<PropStr>,
     pub response_topic: Option<String>,
     pub correlation_data: Option<Bytes>,
     pub subscription_identifiers: Vec<u32>,
@@ -118,7 +160,7 @@ pub struct Properties {
     pub topic_alias: Option<u16>,
     pub maximum_qos: Option<u8>,
     pub retain_available: Option<u8>,
-    pub user_properties: Vec<(String, String)>,
+    pub user_properties: Vec<(PropStr, PropStr)>,
     pub maximum_packet_size: Option<u32>,
     pub wildcard_subscription_available: Option<u8>,
     pub subscription_identifier_available: Option<u8>,
@@ -171,7 +213,7 @@ impl Properties {
                     set_once(&mut p.payload_format_indicator, read_flag(b)?)?
                 }
                 MESSAGE_EXPIRY_INTERVAL => set_once(&mut p.message_expiry_interval, read_u32(b)?)?,
-                CONTENT_TYPE => set_once(&mut p.content_type, read_string(b)?)?,
+                CONTENT_TYPE => set_once(&mut p.content_type, read_prop_str(b)?)?,
                 RESPONSE_TOPIC => set_once(&mut p.response_topic, read_string(b)?)?,
                 CORRELATION_DATA => set_once(&mut p.correlation_data, read_binary(b)?)?,
                 SUBSCRIPTION_IDENTIFIER => {
@@ -221,8 +263,8 @@ impl Properties {
                 }
                 RETAIN_AVAILABLE => set_once(&mut p.retain_available, read_flag(b)?)?,
                 USER_PROPERTY => {
-                    let k = read_string(b)?;
-                    let v = read_string(b)?;
+                    let k = read_prop_str(b)?;
+                    let v = read_prop_str(b)?;
                     p.user_properties.push((k, v));
                 }
                 MAXIMUM_PACKET_SIZE => {
@@ -263,15 +305,15 @@ impl Properties {
 
     /// Encoded length with `over` in place of the block's own per-receiver values.
     pub fn body_len_with(&self, over: &PerReceiver<'_>) -> usize {
-        let s = |v: &Option<String>| v.as_ref().map_or(0, |s| 3 + s.len());
+        let s = |v: Option<&str>| v.map_or(0, |s| 3 + s.len());
         let b = |v: &Option<Bytes>| v.as_ref().map_or(0, |s| 3 + s.len());
         let n1 = |v: &Option<u8>| v.map_or(0, |_| 2);
         let n2 = |v: &Option<u16>| v.map_or(0, |_| 3);
         let n4 = |v: &Option<u32>| v.map_or(0, |_| 5);
         n1(&self.payload_format_indicator)
             + n4(&over.message_expiry_interval)
-            + s(&self.content_type)
-            + s(&self.response_topic)
+            + s(self.content_type.as_deref())
+            + s(self.response_topic.as_deref())
             + b(&self.correlation_data)
             + over
                 .subscription_identifiers
@@ -279,16 +321,16 @@ impl Properties {
                 .map(|v| 1 + varint_len(*v as usize))
                 .sum::<usize>()
             + n4(&self.session_expiry_interval)
-            + s(&self.assigned_client_identifier)
+            + s(self.assigned_client_identifier.as_deref())
             + n2(&self.server_keep_alive)
-            + s(&self.authentication_method)
+            + s(self.authentication_method.as_deref())
             + b(&self.authentication_data)
             + n1(&self.request_problem_information)
             + n4(&self.will_delay_interval)
             + n1(&self.request_response_information)
-            + s(&self.response_information)
-            + s(&self.server_reference)
-            + s(&self.reason_string)
+            + s(self.response_information.as_deref())
+            + s(self.server_reference.as_deref())
+            + s(self.reason_string.as_deref())
             + n2(&self.receive_maximum)
             + n2(&self.topic_alias_maximum)
             + n2(&over.topic_alias)
@@ -327,7 +369,7 @@ impl Properties {
     /// length prefix first.
     pub fn encode_with(&self, out: &mut BytesMut, over: &PerReceiver<'_>) {
         super::write_varint(out, self.body_len_with(over));
-        fn s(out: &mut BytesMut, id: u8, v: &Option<String>) {
+        fn s(out: &mut BytesMut, id: u8, v: Option<&str>) {
             if let Some(v) = v {
                 out.put_u8(id);
                 super::write_bin(out, v.as_bytes());
@@ -359,8 +401,8 @@ impl Properties {
         }
         n1(out, PAYLOAD_FORMAT_INDICATOR, self.payload_format_indicator);
         n4(out, MESSAGE_EXPIRY_INTERVAL, over.message_expiry_interval);
-        s(out, CONTENT_TYPE, &self.content_type);
-        s(out, RESPONSE_TOPIC, &self.response_topic);
+        s(out, CONTENT_TYPE, self.content_type.as_deref());
+        s(out, RESPONSE_TOPIC, self.response_topic.as_deref());
         b(out, CORRELATION_DATA, &self.correlation_data);
         for id in over.subscription_identifiers {
             out.put_u8(SUBSCRIPTION_IDENTIFIER);
@@ -370,10 +412,14 @@ impl Properties {
         s(
             out,
             ASSIGNED_CLIENT_IDENTIFIER,
-            &self.assigned_client_identifier,
+            self.assigned_client_identifier.as_deref(),
         );
         n2(out, SERVER_KEEP_ALIVE, self.server_keep_alive);
-        s(out, AUTHENTICATION_METHOD, &self.authentication_method);
+        s(
+            out,
+            AUTHENTICATION_METHOD,
+            self.authentication_method.as_deref(),
+        );
         b(out, AUTHENTICATION_DATA, &self.authentication_data);
         n1(
             out,
@@ -386,9 +432,13 @@ impl Properties {
             REQUEST_RESPONSE_INFORMATION,
             self.request_response_information,
         );
-        s(out, RESPONSE_INFORMATION, &self.response_information);
-        s(out, SERVER_REFERENCE, &self.server_reference);
-        s(out, REASON_STRING, &self.reason_string);
+        s(
+            out,
+            RESPONSE_INFORMATION,
+            self.response_information.as_deref(),
+        );
+        s(out, SERVER_REFERENCE, self.server_reference.as_deref());
+        s(out, REASON_STRING, self.reason_string.as_deref());
         n2(out, RECEIVE_MAXIMUM, self.receive_maximum);
         n2(out, TOPIC_ALIAS_MAXIMUM, self.topic_alias_maximum);
         n2(out, TOPIC_ALIAS, over.topic_alias);
