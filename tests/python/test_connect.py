@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import mqttraw as r
@@ -357,6 +358,33 @@ def test_sigterm_sends_disconnect_0x8b_and_exits_0(mqkv):
     assert old.wait_closed(5) == b""
     rc = s.terminate(10)
     assert rc == 0, f"exit status {rc}"
+
+
+def test_sigterm_reaches_a_client_that_never_stops_sending(mqkv):
+    # Its reads are always ready, so only a shutdown check made before each read reaches it.
+    s = mqkv()
+    busy = raw_connected(s, "busy")
+    packet = r.publish("flood/t", b"x" * 64) * 64
+    stop = threading.Event()
+
+    def flood():
+        while not stop.is_set():
+            try:
+                busy.sock.sendall(packet)
+            except OSError:
+                return
+
+    sender = threading.Thread(target=flood, daemon=True)
+    sender.start()
+    try:
+        time.sleep(0.3)
+        s.proc.send_signal(15)
+        d = busy.expect_disconnect_and_close(5)
+        assert d.reason == 0x8B
+    finally:
+        stop.set()
+        sender.join(5)
+    assert s.terminate(10) == 0
 
 
 def test_sigterm_with_no_clients_exits_0(mqkv):

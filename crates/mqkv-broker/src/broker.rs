@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,9 @@ pub(crate) struct Inner {
     services: RwLock<Vec<ServiceClaim>>,
     next_conn_id: AtomicU64,
     pub shutdown: watch::Sender<bool>,
+    /// Set before `shutdown` sends: a connection's read loop checks this flag instead of
+    /// polling its shutdown future on every packet (see `Conn::read_loop`).
+    pub shutting_down: AtomicBool,
     pub live_connections: AtomicUsize,
     /// Bumped on every change worth saving (see `Broker::changes`).
     pub changes: AtomicU64,
@@ -84,6 +87,7 @@ impl Broker {
                 services: RwLock::new(Vec::new()),
                 next_conn_id: AtomicU64::new(1),
                 shutdown,
+                shutting_down: AtomicBool::new(false),
                 live_connections: AtomicUsize::new(0),
                 changes: AtomicU64::new(0),
                 connection_closed: tokio::sync::Notify::new(),
@@ -211,6 +215,7 @@ impl Broker {
     /// Stops accepting, sends DISCONNECT 0x8B to every client and waits (bounded) for the
     /// connections to close.
     pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutting_down.store(true, Ordering::SeqCst);
         let _ = self.inner.shutdown.send(true);
         let deadline = Instant::now() + grace;
         while self.connection_count() > 0 && Instant::now() < deadline {

@@ -493,12 +493,17 @@ impl Conn {
         let max_in = self.inner.config.max_packet_size as usize;
         let mut shutdown = self.inner.shutdown.subscribe();
         // One future for the whole connection: registered once, not once per read.
-        let mut shutdown = std::pin::pin!(shutdown.changed());
+        // Outside the cooperative budget, so its first poll always registers this task.
+        let mut shutdown = std::pin::pin!(tokio::task::unconstrained(shutdown.changed()));
         let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
         let mut last = Instant::now();
         // The keep alive timer is armed once and moved only when it fires: re-arming it on every
         // read would take the timer driver's lock twice per packet.
         let mut idle = std::pin::pin!(tokio::time::sleep(ka.unwrap_or(Duration::MAX)));
+        // The shutdown future is polled once to register this task as its waiter; after that
+        // only when the flag says shutdown began. Polling it again on every packet would take
+        // the lock of the one notifier all connections share.
+        let mut shutdown_registered = false;
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let end = loop {
             // While the batch is handled, queueing output does not wake the writer task: the
@@ -521,9 +526,12 @@ impl Conn {
                 buf.reserve(READ_CHUNK);
             }
             // In this order: a client that never stops sending still sees a shutdown.
+            let watch_shutdown =
+                !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
+            shutdown_registered = true;
             tokio::select! {
                 biased;
-                _ = &mut shutdown => {
+                _ = &mut shutdown, if watch_shutdown => {
                     self.close_with(reason::SERVER_SHUTTING_DOWN);
                     break End::Shutdown;
                 }
