@@ -97,37 +97,24 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
                 return (hist, ops, errors, Some("no window".to_owned()));
             };
             let mut seq = 0u64;
-            // One deadline for the whole window: an operation still unanswered `OP_TIMEOUT`
-            // after the window ends has taken longer than that. A timer per operation would
-            // cost the load generator a timer registration and removal per request.
-            let looped = tokio::time::timeout_at((end + OP_TIMEOUT).into(), async {
-                let mut t0 = Instant::now();
-                while t0 < end {
-                    seq += 1;
-                    let r = w.op(seq).await;
-                    let t1 = Instant::now();
-                    match r {
-                        Ok(true) if t0 >= start => {
-                            hist.saturating_record((t1 - t0).as_nanos() as u64);
-                            ops += 1;
-                        }
-                        Ok(false) if t0 >= start => errors += 1,
-                        Ok(_) => {}
-                        Err(e) => return Err(e),
+            let mut t0 = Instant::now();
+            while t0 < end {
+                seq += 1;
+                let r = w.op(seq).await;
+                let t1 = Instant::now();
+                match r {
+                    Ok(true) if t0 >= start => {
+                        hist.saturating_record((t1 - t0).as_nanos() as u64);
+                        ops += 1;
                     }
-                    t0 = t1;
+                    Ok(false) if t0 >= start => errors += 1,
+                    Ok(_) => {}
+                    Err(e) => return (hist, ops, errors, Some(format!("{e:#}"))),
                 }
-                Ok(())
-            })
-            .await;
-            let failure = match looped {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(format!("{e:#}")),
-                Err(_) => Some(format!(
-                    "timed out after {OP_TIMEOUT:?} waiting for a response"
-                )),
-            };
-            (hist, ops, errors, failure)
+                // The end of one request is the start of the next.
+                t0 = t1;
+            }
+            (hist, ops, errors, None)
         });
     }
     let start = Instant::now() + s.warmup;
@@ -146,7 +133,23 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
         bench_cpu: (me1 - me0) / s.duration.as_secs_f64(),
         failures: Vec::new(),
     };
-    while let Some(joined) = set.join_next().await {
+    // No timer per request or per client: a client still waiting for an answer `OP_TIMEOUT`
+    // after the window ends has waited longer than that, and is stopped here.
+    loop {
+        let joined = match tokio::time::timeout_at((end + OP_TIMEOUT).into(), set.join_next()).await
+        {
+            Ok(Some(joined)) => joined,
+            Ok(None) => break,
+            Err(_) => {
+                out.failures.push(format!(
+                    "{} of the clients timed out after {OP_TIMEOUT:?} waiting for a response",
+                    set.len()
+                ));
+                set.abort_all();
+                while set.join_next().await.is_some() {}
+                break;
+            }
+        };
         match joined {
             Ok((hist, ops, errors, failure)) => {
                 let _ = out.hist.add(&hist);
