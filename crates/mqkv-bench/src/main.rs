@@ -100,6 +100,11 @@ struct Args {
     /// Do not install missing anchors with apt-get.
     #[arg(long)]
     no_install: bool,
+    /// Runs each throughput and latency configuration this many times, mqkv and its anchors
+    /// taking turns to go first, and reports the median run of each (by throughput; by p99 for
+    /// the fixed-rate run). results.json lists every run's figure. Memory workloads run once.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
+    repeat: u32,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -311,6 +316,19 @@ fn job_clients(job: &Job, s: &Settings) -> usize {
     }
 }
 
+/// Consecutive entries of `todo` that measure the same configuration on different targets.
+fn same_job_groups(todo: &[(Target, Job)]) -> Vec<Vec<&(Target, Job)>> {
+    let mut groups: Vec<Vec<&(Target, Job)>> = Vec::new();
+    for entry in todo {
+        let key = format!("{:?}", entry.1);
+        match groups.last_mut() {
+            Some(group) if format!("{:?}", group[0].1) == key => group.push(entry),
+            _ => groups.push(vec![entry]),
+        }
+    }
+    groups
+}
+
 fn run_job(
     rt: &tokio::runtime::Runtime,
     target: Target,
@@ -463,10 +481,35 @@ fn run(args: Args) -> Result<()> {
         bins.mqkv.display()
     );
     let mut results = Vec::with_capacity(todo.len());
-    for (i, (target, job)) in todo.iter().enumerate() {
-        let r = run_job(&rt, *target, job, &bins, &scratch, &plan.settings);
-        eprintln!("{}", progress(i + 1, todo.len(), &r));
-        results.push(r);
+    let mut done = 0;
+    for group in same_job_groups(&todo) {
+        let rounds = if matches!(group[0].1, Job::MemConns | Job::MemKeys) {
+            1
+        } else {
+            args.repeat as usize
+        };
+        let mut runs: Vec<Vec<RunResult>> = group.iter().map(|_| Vec::new()).collect();
+        for round in 0..rounds {
+            // Alternate who goes first, so neither side always runs on a warmer or a quieter
+            // machine.
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..group.len()).collect()
+            } else {
+                (0..group.len()).rev().collect()
+            };
+            for at in order {
+                let (target, job) = group[at];
+                let r = run_job(&rt, *target, job, &bins, &scratch, &plan.settings);
+                let mut line = progress(done + at + 1, todo.len(), &r);
+                if rounds > 1 {
+                    line.push_str(&format!(" (run {}/{rounds})", round + 1));
+                }
+                eprintln!("{line}");
+                runs[at].push(r);
+            }
+        }
+        done += group.len();
+        results.extend(runs.into_iter().filter_map(report::median_run));
     }
     rt.shutdown_timeout(Duration::from_secs(2));
     let _ = std::fs::remove_dir_all(&scratch);
@@ -494,6 +537,7 @@ fn run(args: Args) -> Result<()> {
             },
             "mqkv_server_args": bins.mqkv_args,
             "settings": {
+                "repeat": args.repeat,
                 "duration_s": s.duration.as_secs_f64(),
                 "warmup_s": s.warmup.as_secs_f64(),
                 "clients": plan.clients,
@@ -526,6 +570,13 @@ fn run(args: Args) -> Result<()> {
         load_before.as_deref().unwrap_or("?"),
         load_after.as_deref().unwrap_or("?")
     ));
+    if args.repeat > 1 {
+        md.push_str(&format!(
+            "Each row but the memory rows is the median of {} runs, mqkv and its anchor taking \
+             turns to go first; results.json has every run.\n\n",
+            args.repeat
+        ));
+    }
     md.push_str(&table);
     md.push('\n');
     md.push_str(&targets);

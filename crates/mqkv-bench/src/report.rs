@@ -73,6 +73,46 @@ pub struct RunResult {
     pub failed: Option<String>,
 }
 
+/// The median of repeated runs of one configuration on one target: by throughput, or by p99
+/// latency for the fixed-rate run, where throughput is fixed (of an even count, the worse of
+/// the two middle runs). A failed run is reported as the
+/// result if there is one. With more than one run, every run's throughput and p99 are kept in
+/// `extra` (`runs_throughput`, `runs_p99_us`).
+pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
+    if runs.len() <= 1 {
+        return runs.pop();
+    }
+    let throughputs: Vec<f64> = runs.iter().map(|r| r.throughput).collect();
+    let p99s: Vec<Option<f64>> = runs
+        .iter()
+        .map(|r| r.latency_us.as_ref().map(|l| l.p99))
+        .collect();
+    let n = runs.len();
+    let chosen = if let Some(at) = runs.iter().position(|r| r.failed.is_some()) {
+        runs.swap_remove(at)
+    } else {
+        let by_p99 = runs[0].workload == "pubsub-rate";
+        let key = |r: &RunResult| {
+            if by_p99 {
+                r.latency_us.as_ref().map_or(f64::INFINITY, |l| l.p99)
+            } else {
+                r.throughput
+            }
+        };
+        runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+        // Of an even count, the worse of the two middle runs.
+        runs.swap_remove(if by_p99 { n / 2 } else { (n - 1) / 2 })
+    };
+    let mut chosen = chosen;
+    chosen
+        .extra
+        .insert("runs_throughput".to_owned(), serde_json::json!(throughputs));
+    chosen
+        .extra
+        .insert("runs_p99_us".to_owned(), serde_json::json!(p99s));
+    Some(chosen)
+}
+
 impl RunResult {
     pub fn new(workload: &str, target: Target, clients: usize) -> RunResult {
         RunResult {
@@ -448,4 +488,71 @@ pub fn targets_table(checks: &[TargetCheck]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(workload: &str, throughput: f64, p99: f64) -> RunResult {
+        let mut r = RunResult::new(workload, Target::Mqkv, 64);
+        r.throughput = throughput;
+        r.latency_us = Some(Latency {
+            samples: 1,
+            mean: p99,
+            p50: p99,
+            p99,
+            p999: p99,
+            max: p99,
+        });
+        r
+    }
+
+    #[test]
+    fn the_median_run_is_chosen_by_throughput_and_every_run_is_listed() {
+        let runs = vec![
+            run("get", 120.0, 1.0),
+            run("get", 90.0, 2.0),
+            run("get", 100.0, 3.0),
+        ];
+        let m = median_run(runs).expect("a run");
+        assert_eq!(m.throughput, 100.0);
+        assert_eq!(
+            m.extra.get("runs_throughput"),
+            Some(&serde_json::json!([120.0, 90.0, 100.0]))
+        );
+        // Of an even count, the lower of the two middle throughputs.
+        let runs = vec![
+            run("get", 4.0, 1.0),
+            run("get", 1.0, 1.0),
+            run("get", 3.0, 1.0),
+            run("get", 2.0, 1.0),
+        ];
+        assert_eq!(median_run(runs).map(|r| r.throughput), Some(2.0));
+    }
+
+    #[test]
+    fn the_fixed_rate_run_is_chosen_by_p99() {
+        let runs = vec![
+            run("pubsub-rate", 1000.0, 300.0),
+            run("pubsub-rate", 1000.0, 200.0),
+            run("pubsub-rate", 1000.0, 250.0),
+            run("pubsub-rate", 1000.0, 220.0),
+        ];
+        // Of an even count, the higher of the two middle p99s.
+        let m = median_run(runs).expect("a run");
+        assert_eq!(m.latency_us.map(|l| l.p99), Some(250.0));
+    }
+
+    #[test]
+    fn a_failed_run_is_reported_and_a_single_run_is_kept_as_it_is() {
+        let mut failed = run("get", 0.0, 0.0);
+        failed.failed = Some("server start: boom".to_owned());
+        let m = median_run(vec![run("get", 100.0, 1.0), failed]).expect("a run");
+        assert_eq!(m.failed.as_deref(), Some("server start: boom"));
+        let single = median_run(vec![run("get", 7.0, 1.0)]).expect("a run");
+        assert_eq!(single.throughput, 7.0);
+        assert!(!single.extra.contains_key("runs_throughput"));
+        assert!(median_run(Vec::new()).is_none());
+    }
 }
