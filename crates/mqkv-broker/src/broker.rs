@@ -29,9 +29,27 @@ use smallvec::SmallVec;
 /// bounds the syscalls one publish makes on its own task.
 const DIRECT_WRITES_PER_PUBLISH: usize = 256;
 
+#[derive(Clone)]
 struct ServiceClaim {
     filters: Vec<String>,
     service: Arc<dyn Service>,
+}
+
+/// A connection's own copy of the service claims, renewed when they change: finding the service
+/// of a topic then takes no lock and no reference count that every connection shares.
+pub(crate) struct ServiceClaims {
+    version: u64,
+    claims: Vec<ServiceClaim>,
+}
+
+impl ServiceClaims {
+    /// The service claiming `topic`, if any.
+    pub(crate) fn find(&self, topic: &str) -> Option<&Arc<dyn Service>> {
+        self.claims
+            .iter()
+            .find(|s| s.filters.iter().any(|f| topic::matches(f, topic)))
+            .map(|s| &s.service)
+    }
 }
 
 pub(crate) struct Inner {
@@ -41,6 +59,8 @@ pub(crate) struct Inner {
     pub subs: RwLock<SubTree<Arc<Session>>>,
     retained: RwLock<HashMap<String, Arc<Message>>>,
     services: RwLock<Vec<ServiceClaim>>,
+    /// Bumped, under the `services` lock, by every claim.
+    services_version: AtomicU64,
     next_conn_id: AtomicU64,
     pub shutdown: watch::Sender<bool>,
     /// Set before `shutdown` sends: a connection's read loop checks this flag instead of
@@ -85,6 +105,7 @@ impl Broker {
                 subs: RwLock::new(SubTree::default()),
                 retained: RwLock::new(HashMap::new()),
                 services: RwLock::new(Vec::new()),
+                services_version: AtomicU64::new(0),
                 next_conn_id: AtomicU64::new(1),
                 shutdown,
                 shutting_down: AtomicBool::new(false),
@@ -139,10 +160,12 @@ impl Broker {
     /// Claims topic filters for an in-process service: publishes to matching topics go to the
     /// service instead of subscribers, and it hears every client connect and disconnect.
     pub fn claim(&self, filters: &[&str], service: Arc<dyn Service>) {
-        self.inner.services.write().push(ServiceClaim {
+        let mut services = self.inner.services.write();
+        services.push(ServiceClaim {
             filters: filters.iter().map(|f| (*f).to_owned()).collect(),
             service,
         });
+        self.inner.services_version.fetch_add(1, Ordering::Release);
     }
 
     /// Publishes a message as the broker itself, routed to subscribers like any other.
@@ -237,16 +260,20 @@ impl Inner {
         self.next_conn_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The service claiming `topic`, if any.
-    pub fn service_for(&self, topic: &str) -> Option<Arc<dyn Service>> {
+    /// The current service claims, to keep.
+    pub(crate) fn service_claims(&self) -> ServiceClaims {
         let services = self.services.read();
-        if services.is_empty() {
-            return None;
+        ServiceClaims {
+            version: self.services_version.load(Ordering::Acquire),
+            claims: services.clone(),
         }
-        services
-            .iter()
-            .find(|s| s.filters.iter().any(|f| topic::matches(f, topic)))
-            .map(|s| s.service.clone())
+    }
+
+    /// Renews `mine` if a claim was made since it was taken.
+    pub(crate) fn renew_service_claims(&self, mine: &mut ServiceClaims) {
+        if self.services_version.load(Ordering::Acquire) != mine.version {
+            *mine = self.service_claims();
+        }
     }
 
     /// Every service, for connect and disconnect events.

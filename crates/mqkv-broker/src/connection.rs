@@ -264,6 +264,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         will,
         wr,
         notify,
+        services: inner.service_claims(),
     };
     let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
     tracing::debug!(client_id = %client_id, ?end, "connection closed");
@@ -455,6 +456,8 @@ struct Conn {
     will: Option<(Arc<Message>, u32)>,
     wr: Writer,
     notify: Arc<tokio::sync::Notify>,
+    /// This connection's copy of the service claims.
+    services: crate::broker::ServiceClaims,
 }
 
 /// A violation detected while handling a packet: DISCONNECT with this reason code.
@@ -720,9 +723,10 @@ impl Conn {
             }
         }
         let mut code = reason::SUCCESS;
+        self.inner.renew_service_claims(&mut self.services);
         if bad_payload {
             code = reason::PAYLOAD_FORMAT_INVALID;
-        } else if let Some(service) = self.inner.service_for(&p.topic) {
+        } else if let Some(service) = self.services.find(&p.topic) {
             let sp = ServicePublish {
                 topic: p.topic,
                 payload: p.payload,

@@ -337,15 +337,17 @@ impl StateStoreService {
                 self.respond(&reply, &response, None);
             }
             Command::Get { key } => {
-                // Encoded straight from the stored value, which is not copied first.
+                // Encoded straight from the stored value, which is not copied first, and its
+                // version written out there too: a copy of the version would take and drop a
+                // reference to the node id every version shares.
                 let hit = self.node.read(|m| {
                     m.get_with(key, now, |value, version| {
-                        (response::encode_value(value), version.clone())
+                        (response::encode_value(value), version.to_text())
                     })
                 });
                 match hit {
                     Some((payload, version)) => {
-                        self.respond_payload(&reply, payload, Some(&version))
+                        self.respond_payload(&reply, payload, Some(version))
                     }
                     None => self.respond(&reply, &Response::Nil, None),
                 }
@@ -385,11 +387,11 @@ impl StateStoreService {
     }
 
     fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
-        self.respond_payload(reply, response.encode(), version);
+        self.respond_payload(reply, response.encode(), version.map(Hlc::to_text));
     }
 
     /// Answers with status 200 and an already encoded response.
-    fn respond_payload(&self, reply: &Reply, payload: Bytes, version: Option<&Hlc>) {
+    fn respond_payload(&self, reply: &Reply, payload: Bytes, version: Option<String>) {
         let mut user_properties = Vec::with_capacity(3);
         user_properties.push((
             PropStr::Borrowed(prop::STATUS),
@@ -400,10 +402,7 @@ impl StateStoreService {
             PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
         ));
         if let Some(v) = version {
-            user_properties.push((
-                PropStr::Borrowed(prop::TIMESTAMP),
-                PropStr::Owned(v.to_text()),
-            ));
+            user_properties.push((PropStr::Borrowed(prop::TIMESTAMP), PropStr::Owned(v)));
         }
         self.send(reply, payload, user_properties);
     }
