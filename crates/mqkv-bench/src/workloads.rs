@@ -926,22 +926,31 @@ async fn settle_rss(server: &Server, wait: Duration) -> Result<u64> {
     server.rss_bytes()
 }
 
-/// Resident memory once it holds still: sampled every 250 ms until two
-/// samples in a row agree within 1 % (at most 20 s), so a snapshot being
-/// serialized in the background is not taken for the steady state. Also
-/// returns the highest sample seen on the way.
+/// Resident memory once it holds still: sampled every 250 ms until a 3 s
+/// span of samples (13 in a row) stays within 1 % (at most 30 s), so a
+/// snapshot being serialized or written in the background, which can hold
+/// the RSS level for a second or more, is not taken for the steady state.
+/// Also returns the highest sample seen on the way.
 async fn steady_rss(server: &Server) -> Result<(u64, u64)> {
-    let mut last = settle_rss(server, Duration::from_secs(1)).await?;
-    let mut peak = last;
-    for _ in 0..80 {
-        let now = settle_rss(server, Duration::from_millis(250)).await?;
-        peak = peak.max(now);
-        if now.abs_diff(last) * 100 <= last {
-            return Ok((now, peak));
+    const SPAN: usize = 13;
+    let mut samples = vec![settle_rss(server, Duration::from_secs(1)).await?];
+    for _ in 0..120 {
+        samples.push(settle_rss(server, Duration::from_millis(250)).await?);
+        if let Some(steady) = steady_level(&samples, SPAN) {
+            return Ok((steady, samples.iter().copied().max().unwrap_or(steady)));
         }
-        last = now;
     }
-    Ok((last, peak))
+    let last = samples.last().copied().unwrap_or(0);
+    Ok((last, samples.iter().copied().max().unwrap_or(last)))
+}
+
+/// The newest sample, if the newest `span` samples are within 1 % of their
+/// lowest.
+fn steady_level(samples: &[u64], span: usize) -> Option<u64> {
+    let window = samples.get(samples.len().checked_sub(span)?..)?;
+    let low = window.iter().copied().min()?;
+    let high = window.iter().copied().max()?;
+    ((high - low) * 100 <= low).then(|| *window.last().unwrap_or(&low))
 }
 
 pub async fn mem_idle(server: &Server, connections: usize) -> RunResult {
@@ -1027,4 +1036,21 @@ pub async fn mem_keys(server: &Server, keys: u64) -> RunResult {
         r.failed = Some(format!("{e:#}"));
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steady_level;
+
+    #[test]
+    fn a_level_is_steady_only_when_the_whole_span_holds_still() {
+        // Too few samples.
+        assert_eq!(steady_level(&[100, 100], 3), None);
+        // A plateau shorter than the span (a snapshot held for a moment) is not the level.
+        assert_eq!(steady_level(&[100, 150, 150, 100, 100], 3), None);
+        assert_eq!(steady_level(&[100, 150, 150, 100, 100, 100], 3), Some(100));
+        // Within 1 % of the lowest sample counts as still; the newest sample is the level.
+        assert_eq!(steady_level(&[1000, 1005, 1010], 3), Some(1010));
+        assert_eq!(steady_level(&[1000, 1005, 1011], 3), None);
+    }
 }
