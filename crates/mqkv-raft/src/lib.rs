@@ -106,6 +106,6 @@ pub use files::FORMAT_VERSION;
 pub use log_file::replay_segment;
 pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
-pub use state_machine::ApplyHook;
+pub use state_machine::{set_after_snapshot, ApplyHook};
 pub use stats::StoreStats;
 pub use types::{NodeId, DEFAULT_NODE_ID};

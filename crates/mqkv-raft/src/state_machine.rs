@@ -171,7 +171,11 @@ impl StateShared {
         let written = self
             .file
             .save_chunks(&meta, chunks)
-            .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+            .map_err(|e| Failure::new(ErrorVerb::Write, e));
+        if let Some(hook) = AFTER_SNAPSHOT.get() {
+            hook();
+        }
+        let written = written?;
         if written {
             Counters::add(&self.counters.snapshots_built, 1);
             self.counters.snapshot_covers(covered, len);
@@ -225,6 +229,18 @@ impl StateShared {
             .map_err(|e| Failure::new(ErrorVerb::Read, e))?;
         Ok(stored.map(|(meta, data)| snapshot(meta, data)))
     }
+}
+
+static AFTER_SNAPSHOT: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets a function to call on the thread that wrote a snapshot to the state
+/// file, once the snapshot's serialized pieces (about the size of the state)
+/// are freed. A program sets it to have its allocator give that memory back
+/// to the system at once: an allocator may keep what a thread freed until
+/// that thread allocates again, and the snapshot thread then sleeps until
+/// the next snapshot. Only the first call has an effect.
+pub fn set_after_snapshot(hook: fn()) {
+    let _ = AFTER_SNAPSHOT.set(hook);
 }
 
 /// A postcard output of pieces of at most [`CHUNK_BYTES`]: a snapshot's

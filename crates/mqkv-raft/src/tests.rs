@@ -1330,3 +1330,29 @@ async fn a_snapshot_in_several_pieces_survives_restart() {
     );
     node.shutdown().await.unwrap();
 }
+
+/// The hook a program sets to hand freed memory back runs once a snapshot is
+/// written, on the thread that wrote it, for every snapshot written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_after_snapshot_hook_runs_for_every_snapshot_written() {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    fn count() {
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+    crate::set_after_snapshot(count);
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = open(dir.path(), small_snapshots()).await;
+    for i in 0..100 {
+        node.write(set(T0 + i, &format!("k{i}"), "v"))
+            .await
+            .expect("write");
+    }
+    wait_for_snapshot(&node).await;
+    node.shutdown().await.unwrap();
+    let built = node.stats().snapshots_built;
+    let calls = CALLS.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(built > 0);
+    // At least: run in one process with other tests (`cargo test`), their
+    // snapshots call the hook too.
+    assert!(calls >= built, "{calls} hook calls for {built} snapshots");
+}

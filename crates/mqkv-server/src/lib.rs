@@ -11,6 +11,7 @@ use mqkv_broker::Broker;
 use mqkv_raft::StoreNode;
 
 pub use config::{ServerConfig, StorageKind};
+pub use mqkv_raft::set_after_snapshot;
 
 /// A started server.
 pub struct Server {
