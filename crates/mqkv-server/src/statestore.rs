@@ -294,7 +294,7 @@ impl StateStoreService {
         if let Some(v) = user(prop::PROTOCOL_VERSION) {
             if !mqkv_protocol::protocol_version_supported(v) {
                 let v = v.to_owned();
-                self.unsupported_version(&reply, &v);
+                self.unsupported_version(reply, &v);
                 return None;
             }
         }
@@ -312,12 +312,12 @@ impl StateStoreService {
         let mut request = match parsed {
             Ok(r) => r,
             Err(kind) => {
-                self.respond(&reply, &Response::Error(kind), None);
+                self.respond(reply, &Response::Error(kind), None);
                 return None;
             }
         };
         if let Err(kind) = mqkv_store::validate(&request, now) {
-            self.respond(&reply, &Response::Error(kind), None);
+            self.respond(reply, &Response::Error(kind), None);
             return None;
         }
         match &request.command {
@@ -334,7 +334,7 @@ impl StateStoreService {
                     Response::Ok
                 };
                 drop(observers);
-                self.respond(&reply, &response, None);
+                self.respond(reply, &response, None);
             }
             Command::Get { key } => {
                 // Encoded straight from the stored value, which is not copied first, and its
@@ -346,15 +346,13 @@ impl StateStoreService {
                     })
                 });
                 match hit {
-                    Some((payload, version)) => {
-                        self.respond_payload(&reply, payload, Some(version))
-                    }
-                    None => self.respond(&reply, &Response::Nil, None),
+                    Some((payload, version)) => self.respond_payload(reply, payload, Some(version)),
+                    None => self.respond(reply, &Response::Nil, None),
                 }
             }
             Command::Scan { pattern, token } => {
                 let page = self.node.read(|m| m.scan(pattern, token.as_deref(), now));
-                self.respond(&reply, &page, None);
+                self.respond(reply, &page, None);
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
                 let window = reply
@@ -373,11 +371,11 @@ impl StateStoreService {
                     };
                     match me.node.write(entry).await {
                         Ok(applied) => {
-                            me.respond(&reply, &applied.response, applied.version.as_ref())
+                            me.respond(reply, &applied.response, applied.version.as_ref())
                         }
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
-                            me.unavailable(&reply, &e.to_string());
+                            me.unavailable(reply, &e.to_string());
                         }
                     }
                 }));
@@ -386,12 +384,12 @@ impl StateStoreService {
         None
     }
 
-    fn respond(&self, reply: &Reply, response: &Response, version: Option<&Hlc>) {
+    fn respond(&self, reply: Reply, response: &Response, version: Option<&Hlc>) {
         self.respond_payload(reply, response.encode(), version.map(Hlc::to_text));
     }
 
     /// Answers with status 200 and an already encoded response.
-    fn respond_payload(&self, reply: &Reply, payload: Bytes, version: Option<String>) {
+    fn respond_payload(&self, reply: Reply, payload: Bytes, version: Option<String>) {
         let mut user_properties = Vec::with_capacity(3);
         user_properties.push((
             PropStr::Borrowed(prop::STATUS),
@@ -407,7 +405,7 @@ impl StateStoreService {
         self.send(reply, payload, user_properties);
     }
 
-    fn unsupported_version(&self, reply: &Reply, requested: &str) {
+    fn unsupported_version(&self, reply: Reply, requested: &str) {
         let user_properties = vec![
             (
                 PropStr::Borrowed(prop::STATUS),
@@ -434,7 +432,7 @@ impl StateStoreService {
     }
 
     /// The store could not take the request (it is shutting down or its disk failed).
-    fn unavailable(&self, reply: &Reply, why: &str) {
+    fn unavailable(&self, reply: Reply, why: &str) {
         let user_properties = vec![
             (PropStr::Borrowed(prop::STATUS), PropStr::Borrowed("503")),
             (
@@ -449,15 +447,15 @@ impl StateStoreService {
         self.send(reply, Bytes::new(), user_properties);
     }
 
-    fn send(&self, reply: &Reply, payload: Bytes, user_properties: Vec<(PropStr, PropStr)>) {
+    fn send(&self, reply: Reply, payload: Bytes, user_properties: Vec<(PropStr, PropStr)>) {
         self.broker.publish(OutboundMessage {
-            topic: reply.topic.clone(),
+            topic: reply.topic,
             payload,
             qos: QoS::AtLeastOnce,
             retain: false,
             properties: Properties {
                 content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
-                correlation_data: Some(reply.correlation.clone()),
+                correlation_data: Some(reply.correlation),
                 message_expiry_interval: reply.expiry,
                 user_properties,
                 ..Default::default()
