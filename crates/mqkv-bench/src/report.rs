@@ -75,9 +75,9 @@ pub struct RunResult {
 
 /// The median of repeated runs of one configuration on one target: by throughput, or by p99
 /// latency for the fixed-rate run, where throughput is fixed (of an even count, the worse of
-/// the two middle runs). A failed run is reported as the
-/// result if there is one. With more than one run, every run's throughput and p99 are kept in
-/// `extra` (`runs_throughput`, `runs_p99_us`).
+/// the two middle runs). A failed run is reported as the result if there is one. With more than
+/// one run, every run's throughput and p99 are kept in `extra` (`runs_throughput`,
+/// `runs_p99_us`).
 pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
     if runs.len() <= 1 {
         return runs.pop();
@@ -88,7 +88,7 @@ pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
         .map(|r| r.latency_us.as_ref().map(|l| l.p99))
         .collect();
     let n = runs.len();
-    let chosen = if let Some(at) = runs.iter().position(|r| r.failed.is_some()) {
+    let mut chosen = if let Some(at) = runs.iter().position(|r| r.failed.is_some()) {
         runs.swap_remove(at)
     } else {
         let by_p99 = runs[0].workload == "pubsub-rate";
@@ -103,7 +103,6 @@ pub fn median_run(mut runs: Vec<RunResult>) -> Option<RunResult> {
         // Of an even count, the worse of the two middle runs.
         runs.swap_remove(if by_p99 { n / 2 } else { (n - 1) / 2 })
     };
-    let mut chosen = chosen;
     chosen
         .extra
         .insert("runs_throughput".to_owned(), serde_json::json!(throughputs));

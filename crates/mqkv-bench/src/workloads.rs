@@ -934,14 +934,17 @@ async fn settle_rss(server: &Server, wait: Duration) -> Result<u64> {
 async fn steady_rss(server: &Server) -> Result<(u64, u64)> {
     const SPAN: usize = 13;
     let mut samples = vec![settle_rss(server, Duration::from_secs(1)).await?];
+    let mut level = None;
     for _ in 0..120 {
         samples.push(settle_rss(server, Duration::from_millis(250)).await?);
-        if let Some(steady) = steady_level(&samples, SPAN) {
-            return Ok((steady, samples.iter().copied().max().unwrap_or(steady)));
+        level = steady_level(&samples, SPAN);
+        if level.is_some() {
+            break;
         }
     }
     let last = samples.last().copied().unwrap_or(0);
-    Ok((last, samples.iter().copied().max().unwrap_or(last)))
+    let peak = samples.iter().copied().max().unwrap_or(last);
+    Ok((level.unwrap_or(last), peak))
 }
 
 /// The newest sample, if the newest `span` samples are within 1 % of their

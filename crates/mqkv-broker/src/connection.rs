@@ -528,10 +528,10 @@ impl Conn {
             if buf.capacity() - buf.len() < MIN_READ {
                 buf.reserve(READ_CHUNK);
             }
-            // In this order: a client that never stops sending still sees a shutdown.
             let watch_shutdown =
                 !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
             shutdown_registered = true;
+            // In this order: a client that never stops sending still sees a shutdown.
             tokio::select! {
                 biased;
                 _ = &mut shutdown, if watch_shutdown => {
