@@ -20,6 +20,7 @@ use crate::config::BrokerConfig;
 use crate::service::{ClientIdentity, OutboundMessage, Service};
 use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Session};
 use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
+use crate::threads::ConnThreads;
 use crate::topic;
 use smallvec::SmallVec;
 
@@ -70,6 +71,7 @@ pub(crate) struct Inner {
     /// Bumped on every change worth saving (see `Broker::changes`).
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
+    threads: ConnThreads,
 }
 
 /// A running broker. Cheap to clone; every clone is the same broker.
@@ -86,8 +88,9 @@ pub(crate) struct Attached {
 
 impl Broker {
     /// A broker with the default authenticator built from `config`. Must be called inside a
-    /// Tokio runtime: it starts the session-expiry and will-delay timer.
-    pub fn new(config: BrokerConfig) -> Broker {
+    /// Tokio runtime: it starts the session-expiry and will-delay timer there. It also starts
+    /// the threads that serve connections; that can fail like any thread or runtime start.
+    pub fn new(config: BrokerConfig) -> std::io::Result<Broker> {
         let auth = DefaultAuthenticator {
             allow_anonymous: config.allow_anonymous,
             users: config.users.clone(),
@@ -95,7 +98,12 @@ impl Broker {
         Broker::with_authenticator(config, Arc::new(auth))
     }
 
-    pub fn with_authenticator(config: BrokerConfig, auth: Arc<dyn Authenticator>) -> Broker {
+    /// A broker like [`Broker::new`] with an authenticator of the caller's.
+    pub fn with_authenticator(
+        config: BrokerConfig,
+        auth: Arc<dyn Authenticator>,
+    ) -> std::io::Result<Broker> {
+        let threads = ConnThreads::start(config.threads())?;
         let (shutdown, _) = watch::channel(false);
         let broker = Broker {
             inner: Arc::new(Inner {
@@ -112,6 +120,7 @@ impl Broker {
                 live_connections: AtomicUsize::new(0),
                 changes: AtomicU64::new(0),
                 connection_closed: tokio::sync::Notify::new(),
+                threads,
             }),
         };
         let weak = Arc::downgrade(&broker.inner);
@@ -123,7 +132,7 @@ impl Broker {
                 inner.sweep(Instant::now());
             }
         });
-        broker
+        Ok(broker)
     }
 
     pub fn config(&self) -> &BrokerConfig {
@@ -142,8 +151,10 @@ impl Broker {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             let _ = stream.set_nodelay(true);
-                            let inner = inner.clone();
-                            tokio::spawn(crate::connection::run(inner, stream, peer, local));
+                            let conn_inner = inner.clone();
+                            inner.threads.serve(stream, move |stream| {
+                                crate::connection::run(conn_inner, stream, peer, local)
+                            });
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "accept failed");
@@ -245,6 +256,7 @@ impl Broker {
             let wait = self.inner.connection_closed.notified();
             let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
         }
+        self.inner.threads.stop();
     }
 }
 
@@ -387,14 +399,16 @@ impl Inner {
             }
         }
         let limits = self.queue_limits();
+        let here = crate::threads::current_home();
         let n = targets.len();
         if n > 0 {
             self.touch();
         }
         for (i, (session, d)) in targets.into_iter().enumerate() {
-            // The publishing task writes to the first subscribers itself; beyond that their
-            // writer tasks do, so one large fan-out does not hold this task (and the clients
-            // sharing its thread) for a syscall per subscriber.
+            // The publishing task writes to the first subscribers served by its own thread
+            // itself, and posts the others' to their threads; beyond the first few hundred,
+            // their writer tasks write, so one large fan-out does not hold this task (and the
+            // clients sharing its thread) for a syscall per subscriber.
             let (queued, direct) = if i < DIRECT_WRITES_PER_PUBLISH {
                 session.enqueue_direct(d, limits)
             } else {
@@ -404,12 +418,16 @@ impl Inner {
                 tracing::debug!(client_id = %session.client_id, "queue full: message dropped");
             }
             if let Some(direct) = direct {
-                crate::connection::write_ready(
-                    &session,
-                    direct.conn_id,
-                    &direct.writer,
-                    &direct.notify,
-                );
+                if direct.home == here {
+                    crate::connection::write_ready(
+                        &session,
+                        direct.conn_id,
+                        &direct.writer,
+                        &direct.notify,
+                    );
+                } else {
+                    self.threads.post(direct.home, session, direct);
+                }
             }
         }
         n

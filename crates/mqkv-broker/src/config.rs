@@ -34,6 +34,20 @@ pub struct BrokerConfig {
     pub allow_anonymous: Option<bool>,
     /// Static user name / password pairs accepted by the default authenticator.
     pub users: Vec<UserConfig>,
+    /// Threads that serve client connections, each with a runtime of its own; 0 is one per
+    /// core. Set by the server from its `workers` setting, not read from the broker section.
+    #[serde(skip)]
+    pub connection_threads: usize,
+}
+
+impl BrokerConfig {
+    /// How many connection threads to start.
+    pub(crate) fn threads(&self) -> usize {
+        match self.connection_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -55,6 +69,7 @@ impl Default for BrokerConfig {
             queue_full: QueueFullPolicy::DropNew,
             allow_anonymous: None,
             users: Vec::new(),
+            connection_threads: 0,
         }
     }
 }

@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Context, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
@@ -265,6 +266,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         wr,
         notify,
         services: inner.service_claims(),
+        waker: CachedWaker::default(),
     };
     let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
     tracing::debug!(client_id = %client_id, ?end, "connection closed");
@@ -458,6 +460,26 @@ struct Conn {
     notify: Arc<tokio::sync::Notify>,
     /// This connection's copy of the service claims.
     services: crate::broker::ServiceClaims,
+    /// The waker services' futures get (see [`crate::threads::home_waker`]).
+    waker: CachedWaker,
+}
+
+/// A task's waker wrapped by [`crate::threads::home_waker`], made once and reused while the
+/// task's waker stays the same.
+#[derive(Default)]
+struct CachedWaker(Option<(Waker, Waker)>);
+
+impl CachedWaker {
+    fn get(&mut self, task: &Waker) -> &Waker {
+        let fresh = !matches!(&self.0, Some((t, _)) if t.will_wake(task));
+        if fresh {
+            self.0 = None;
+        }
+        let (_, wrapped) = self
+            .0
+            .get_or_insert_with(|| (task.clone(), crate::threads::home_waker(task)));
+        wrapped
+    }
 }
 
 /// A violation detected while handling a packet: DISCONNECT with this reason code.
@@ -743,7 +765,8 @@ impl Conn {
                 // client is written at once.
                 std::future::poll_fn(|cx| {
                     self.session.set_deferred(self.conn_id, true);
-                    let polled = pending.as_mut().poll(cx);
+                    let waker = self.waker.get(cx.waker());
+                    let polled = pending.as_mut().poll(&mut Context::from_waker(waker));
                     if polled.is_pending() {
                         self.flush_inline();
                     }

@@ -15,6 +15,7 @@ pub mod persist;
 pub mod service;
 mod session;
 pub mod subtree;
+mod threads;
 pub mod topic;
 
 pub use broker::Broker;

@@ -100,6 +100,8 @@ pub struct Link {
     deferred: bool,
     /// The connection's socket, for writing queued output from the task that queued it.
     writer: Option<Writer>,
+    /// The connection thread serving it (see [`crate::threads::current_home`]).
+    home: usize,
 }
 
 /// What a task needs to write a connection's queued output itself (see
@@ -108,6 +110,8 @@ pub(crate) struct Direct {
     pub(crate) conn_id: u64,
     pub(crate) writer: Writer,
     pub(crate) notify: Arc<Notify>,
+    /// The connection thread that owns the socket: only a task on it writes directly.
+    pub(crate) home: usize,
 }
 
 impl Link {
@@ -140,6 +144,7 @@ impl Link {
             resend: true,
             deferred: false,
             writer: None,
+            home: 0,
         }
     }
 }
@@ -243,6 +248,7 @@ impl Session {
                     conn_id: link.conn_id,
                     writer: writer.clone(),
                     notify: link.notify.clone(),
+                    home: link.home,
                 };
                 return (result, Some(handle));
             }
@@ -251,11 +257,13 @@ impl Session {
         (result, None)
     }
 
-    /// Lets other tasks write connection `conn_id`'s output through `writer`.
+    /// Lets other tasks write connection `conn_id`'s output through `writer`. Called on the
+    /// thread that serves the connection.
     pub(crate) fn set_writer(&self, conn_id: u64, writer: Writer) {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
             link.writer = Some(writer);
+            link.home = crate::threads::current_home();
         }
     }
 

@@ -24,6 +24,8 @@ pub struct Server {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    #[error("cannot start the connection threads: {0}")]
+    Threads(std::io::Error),
     #[error(transparent)]
     Persist(#[from] persistence::PersistError),
     #[error(transparent)]
@@ -42,7 +44,9 @@ pub enum StartError {
 impl Server {
     /// Starts the broker and its services and binds every listener.
     pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
-        let broker = Broker::new(config.broker.clone());
+        let mut broker_config = config.broker.clone();
+        broker_config.connection_threads = config.workers.unwrap_or(0);
+        let broker = Broker::new(broker_config).map_err(StartError::Threads)?;
         let saver = match config.storage {
             StorageKind::Memory => None,
             StorageKind::Disk => {

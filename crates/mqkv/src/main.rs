@@ -193,18 +193,15 @@ const MAX_WORKERS: usize = 1024;
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.into_config()?;
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
-    match config.workers {
-        Some(n) if !(1..=MAX_WORKERS).contains(&n) => {
-            anyhow::bail!("workers must be between 1 and {MAX_WORKERS}, not {n}")
-        }
-        Some(n) => {
-            builder.worker_threads(n);
-        }
-        None => {}
+    if let Some(n) = config.workers.filter(|n| !(1..=MAX_WORKERS).contains(n)) {
+        anyhow::bail!("workers must be between 1 and {MAX_WORKERS}, not {n}")
     }
-    let rt = builder.build()?;
+    // Connections are served by the broker's own threads (`workers` of them); this runtime
+    // only accepts them and runs the housekeeping: timers, saving, signals.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         // Handlers first: a signal that arrives as soon as the listeners are announced must
         // already mean "shut down gracefully", not the default "die".

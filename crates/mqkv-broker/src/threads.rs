@@ -1,0 +1,346 @@
+//! Connection threads. Each runs a single-threaded Tokio runtime of its own and serves the
+//! connections handed to it from accept to close: a connection's reads, requests and writes all
+//! happen on one thread, each thread waits on its own epoll instance, and no task moves between
+//! threads. A work-stealing runtime instead shares one poller among its workers and wakes an
+//! idle worker to take over part of a busy one's queue, which costs a futex wake-up and cache
+//! misses on every hand-over.
+//!
+//! Output queued for a connection by another thread (a publish routed on another connection's
+//! thread, a notification from the state store's log thread) reaches it through its thread's
+//! outbox: whatever is posted together costs that thread one wake-up, and the writes themselves
+//! happen on the thread that owns the socket. Wake-ups of a connection's task from other threads
+//! (the answer to a state store write, from the log's thread) go through the outbox too: a
+//! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
+//! answers posted together costs one.
+
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Wake, Waker};
+
+use parking_lot::Mutex;
+use tokio::net::TcpStream;
+use tokio::sync::{oneshot, Notify};
+
+use crate::session::{Direct, Session};
+
+thread_local! {
+    /// One more than the index of the connection thread running here; 0 elsewhere.
+    static HOME: Cell<usize> = const { Cell::new(0) };
+    /// The outbox of the connection thread running here.
+    static OUTBOX: RefCell<Option<Arc<Outbox>>> = const { RefCell::new(None) };
+}
+
+/// The connection thread the caller runs on, as `1 + index`, or 0 on any other thread.
+pub(crate) fn current_home() -> usize {
+    HOME.with(Cell::get)
+}
+
+/// Work posted to a connection thread.
+pub(crate) enum Posted {
+    /// Output a connection has ready.
+    Write(Arc<Session>, Direct),
+    /// A task of the thread to wake.
+    Wake(Waker),
+}
+
+#[derive(Default)]
+struct Outbox {
+    ready: Mutex<Vec<Posted>>,
+    wake: Notify,
+}
+
+impl Outbox {
+    /// Queues `posted`, waking the thread's flusher only when the outbox was empty: it takes
+    /// everything posted before it runs.
+    fn post(&self, posted: Posted) {
+        let was_empty = {
+            let mut queue = self.ready.lock();
+            let was_empty = queue.is_empty();
+            queue.push(posted);
+            was_empty
+        };
+        if was_empty {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// A waker for a task of a connection thread that, woken from another thread, goes through the
+/// thread's outbox (see the module documentation).
+struct HomeWaker {
+    home: usize,
+    outbox: Arc<Outbox>,
+    task: Waker,
+}
+
+impl Wake for HomeWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if current_home() == self.home {
+            self.task.wake_by_ref();
+        } else {
+            self.outbox.post(Posted::Wake(self.task.clone()));
+        }
+    }
+}
+
+/// A waker for the calling task that batches wake-ups from other threads, when the caller runs
+/// on a connection thread; elsewhere the task's own waker.
+pub(crate) fn home_waker(task: &Waker) -> Waker {
+    let home = current_home();
+    match OUTBOX.with(|o| o.borrow().clone()) {
+        Some(outbox) if home != 0 => Waker::from(Arc::new(HomeWaker {
+            home,
+            outbox,
+            task: task.clone(),
+        })),
+        _ => task.clone(),
+    }
+}
+
+struct ConnThread {
+    handle: tokio::runtime::Handle,
+    outbox: Arc<Outbox>,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+/// The broker's connection threads.
+pub(crate) struct ConnThreads {
+    threads: Vec<ConnThread>,
+    next: AtomicUsize,
+}
+
+impl ConnThreads {
+    /// Starts `n` threads (at least one).
+    pub(crate) fn start(n: usize) -> std::io::Result<ConnThreads> {
+        let mut threads = Vec::with_capacity(n.max(1));
+        for index in 0..n.max(1) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let handle = runtime.handle().clone();
+            let outbox = Arc::new(Outbox::default());
+            let (stop, stopped) = oneshot::channel::<()>();
+            let flusher = flush_outbox(outbox.clone());
+            let own_outbox = outbox.clone();
+            std::thread::Builder::new()
+                .name(format!("mqkv-conn-{index}"))
+                .spawn(move || {
+                    HOME.with(|h| h.set(index + 1));
+                    OUTBOX.with(|o| *o.borrow_mut() = Some(own_outbox));
+                    runtime.spawn(flusher);
+                    // Until the broker stops them; dropping the runtime then drops whatever
+                    // connections are left.
+                    let _ = runtime.block_on(stopped);
+                })?;
+            threads.push(ConnThread {
+                handle,
+                outbox,
+                stop: Mutex::new(Some(stop)),
+            });
+        }
+        Ok(ConnThreads {
+            threads,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// Serves an accepted connection on the next thread in turn.
+    pub(crate) fn serve<F, Fut>(&self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        // The socket moves to the thread's own poller.
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot hand over an accepted connection");
+                return;
+            }
+        };
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
+        self.threads[i].handle.spawn(async move {
+            match TcpStream::from_std(stream) {
+                Ok(stream) => serve(stream).await,
+                Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
+            }
+        });
+    }
+
+    /// Posts output for a connection served by thread `home` (as [`current_home`] numbers
+    /// them).
+    pub(crate) fn post(&self, home: usize, session: Arc<Session>, direct: Direct) {
+        if let Some(thread) = home.checked_sub(1).and_then(|i| self.threads.get(i)) {
+            thread.outbox.post(Posted::Write(session, direct));
+        }
+    }
+
+    /// Stops every thread; connections still open are dropped.
+    pub(crate) fn stop(&self) {
+        for t in &self.threads {
+            if let Some(stop) = t.stop.lock().take() {
+                let _ = stop.send(());
+            }
+        }
+    }
+}
+
+impl Drop for ConnThreads {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Writes what other threads post for this thread's connections.
+async fn flush_outbox(outbox: Arc<Outbox>) {
+    let mut batch = Vec::new();
+    loop {
+        std::mem::swap(&mut batch, &mut *outbox.ready.lock());
+        if batch.is_empty() {
+            outbox.wake.notified().await;
+            continue;
+        }
+        for posted in batch.drain(..) {
+            match posted {
+                Posted::Write(session, d) => {
+                    crate::connection::write_ready(&session, d.conn_id, &d.writer, &d.notify);
+                }
+                Posted::Wake(task) => task.wake(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::mpsc;
+    use std::task::{Context, Poll};
+    use std::time::Duration;
+
+    /// An accepted loopback connection (the client end is returned too, to keep it open).
+    async fn accepted() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn connections_take_turns_over_the_threads() {
+        let threads = ConnThreads::start(2).expect("threads");
+        let (tx, rx) = mpsc::channel();
+        let mut clients = Vec::new();
+        for _ in 0..4 {
+            let (server, client) = accepted().await;
+            clients.push(client);
+            let tx = tx.clone();
+            threads.serve(server, move |_stream| async move {
+                let _ = tx.send(current_home());
+            });
+        }
+        let homes: Vec<usize> = (0..4)
+            .map(|_| rx.recv_timeout(Duration::from_secs(5)).expect("served"))
+            .collect();
+        let mut sorted = homes.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, vec![1, 1, 2, 2], "served on {homes:?}");
+        assert_eq!(
+            current_home(),
+            0,
+            "the test's own thread is no connection thread"
+        );
+    }
+
+    /// Pending until `woken` is set; registers the waker `home_waker` makes.
+    struct WaitFor {
+        woken: Arc<AtomicBool>,
+        waker: mpsc::Sender<Waker>,
+    }
+
+    impl Future for WaitFor {
+        type Output = ();
+        fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.woken.load(Ordering::SeqCst) {
+                return Poll::Ready(());
+            }
+            let _ = self.waker.send(home_waker(cx.waker()));
+            Poll::Pending
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wake_from_another_thread_goes_through_the_outbox() {
+        let threads = ConnThreads::start(1).expect("threads");
+        let (server, _client) = accepted().await;
+        let woken = Arc::new(AtomicBool::new(false));
+        let (waker_tx, waker_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let flag = woken.clone();
+        threads.serve(server, move |_stream| async move {
+            WaitFor {
+                woken: flag,
+                waker: waker_tx,
+            }
+            .await;
+            let _ = done_tx.send(());
+        });
+        let waker = waker_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("polled once");
+        woken.store(true, Ordering::SeqCst);
+        // From a thread that is not the task's: the wake is posted, and the thread's flusher
+        // wakes the task.
+        std::thread::spawn(move || waker.wake())
+            .join()
+            .expect("waking thread");
+        done_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the task was woken and finished");
+    }
+
+    struct SetOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn stopping_drops_the_connections_left() {
+        let threads = ConnThreads::start(2).expect("threads");
+        let (server, _client) = accepted().await;
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = SetOnDrop(dropped.clone());
+        let (started_tx, started_rx) = mpsc::channel();
+        threads.serve(server, move |_stream| async move {
+            let _guard = guard;
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+        });
+        started_rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("started");
+        assert!(!dropped.load(Ordering::SeqCst));
+        threads.stop();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !dropped.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the connection outlived stop"
+        );
+    }
+}
