@@ -44,24 +44,61 @@ pub struct PublishView {
     pub qos: u8,
     pub packet_id: u16,
     pub topic: Bytes,
-    pub properties: Bytes,
     pub payload: Bytes,
 }
 
-/// What a property scan found.
-#[derive(Default)]
-pub struct ScannedProps {
-    pub correlation: Option<Bytes>,
+impl PublishView {
+    pub fn parse(frame: Frame) -> Result<PublishView> {
+        let body = &frame.body;
+        let r = PublishRef::parse(frame.header, body)?;
+        Ok(PublishView {
+            qos: r.qos,
+            packet_id: r.packet_id,
+            topic: body.slice_ref(r.topic),
+            payload: body.slice_ref(r.payload),
+        })
+    }
+}
+
+/// A received PUBLISH read in place, in the read buffer.
+pub struct PublishRef<'a> {
+    pub qos: u8,
+    pub packet_id: u16,
+    pub topic: &'a [u8],
+    pub properties: &'a [u8],
+    pub payload: &'a [u8],
+}
+
+/// What a property scan found, in place.
+pub struct ScannedRef<'a> {
+    pub correlation: Option<&'a [u8]>,
     pub status_ok: bool,
 }
 
-fn read_varint(buf: &mut Bytes) -> Result<usize> {
+/// Takes `n` bytes off the front of `buf`.
+fn take_ref<'a>(buf: &mut &'a [u8], n: usize) -> Result<&'a [u8]> {
+    if buf.len() < n {
+        bail!("truncated packet");
+    }
+    let (head, tail) = buf.split_at(n);
+    *buf = tail;
+    Ok(head)
+}
+
+fn take_u16_ref(buf: &mut &[u8]) -> Result<u16> {
+    let b = take_ref(buf, 2)?;
+    Ok(u16::from_be_bytes([b[0], b[1]]))
+}
+
+fn take_bin_ref<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8]> {
+    let n = take_u16_ref(buf)? as usize;
+    take_ref(buf, n)
+}
+
+fn read_varint_ref(buf: &mut &[u8]) -> Result<usize> {
     let mut value = 0usize;
     for i in 0..4 {
-        if !buf.has_remaining() {
-            bail!("truncated variable byte integer");
-        }
-        let b = buf.get_u8();
+        let b = take_ref(buf, 1)?[0];
         value |= usize::from(b & 0x7F) << (7 * i);
         if b & 0x80 == 0 {
             return Ok(value);
@@ -70,34 +107,16 @@ fn read_varint(buf: &mut Bytes) -> Result<usize> {
     bail!("variable byte integer longer than 4 bytes")
 }
 
-fn take(buf: &mut Bytes, n: usize) -> Result<Bytes> {
-    if buf.remaining() < n {
-        bail!("truncated packet");
-    }
-    Ok(buf.split_to(n))
-}
-
-fn take_u16(buf: &mut Bytes) -> Result<u16> {
-    if buf.remaining() < 2 {
-        bail!("truncated packet");
-    }
-    Ok(buf.get_u16())
-}
-
-fn take_bin(buf: &mut Bytes) -> Result<Bytes> {
-    let n = take_u16(buf)? as usize;
-    take(buf, n)
-}
-
-impl PublishView {
-    pub fn parse(frame: Frame) -> Result<PublishView> {
-        let qos = (frame.header >> 1) & 0x03;
-        let mut body = frame.body;
-        let topic = take_bin(&mut body)?;
-        let packet_id = if qos > 0 { take_u16(&mut body)? } else { 0 };
-        let props_len = read_varint(&mut body)?;
-        let properties = take(&mut body, props_len)?;
-        Ok(PublishView {
+impl<'a> PublishRef<'a> {
+    /// Splits a PUBLISH body (after the fixed header) whose first byte was `header`.
+    pub fn parse(header: u8, body: &'a [u8]) -> Result<PublishRef<'a>> {
+        let qos = (header >> 1) & 0x03;
+        let mut body = body;
+        let topic = take_bin_ref(&mut body)?;
+        let packet_id = if qos > 0 { take_u16_ref(&mut body)? } else { 0 };
+        let props_len = read_varint_ref(&mut body)?;
+        let properties = take_ref(&mut body, props_len)?;
+        Ok(PublishRef {
             qos,
             packet_id,
             topic,
@@ -105,42 +124,45 @@ impl PublishView {
             payload: body,
         })
     }
+}
 
-    /// Scans the property block for correlation data and `__stat=200`.
-    pub fn scan(&self) -> Result<ScannedProps> {
-        let mut p = self.properties.clone();
-        let mut out = ScannedProps::default();
-        while p.has_remaining() {
-            let id = p.get_u8();
-            match id {
-                0x01 => {
-                    take(&mut p, 1)?;
-                }
-                0x02 => {
-                    take(&mut p, 4)?;
-                }
-                0x23 => {
-                    take(&mut p, 2)?;
-                }
-                0x03 | 0x08 => {
-                    take_bin(&mut p)?;
-                }
-                0x09 => out.correlation = Some(take_bin(&mut p)?),
-                0x0B => {
-                    read_varint(&mut p)?;
-                }
-                0x26 => {
-                    let name = take_bin(&mut p)?;
-                    let value = take_bin(&mut p)?;
-                    if &name[..] == b"__stat" && &value[..] == b"200" {
-                        out.status_ok = true;
-                    }
-                }
-                other => bail!("unexpected PUBLISH property 0x{other:02x}"),
+/// Scans a PUBLISH property block for correlation data and `__stat=200`.
+pub fn scan_props(properties: &[u8]) -> Result<ScannedRef<'_>> {
+    let mut p = properties;
+    let mut out = ScannedRef {
+        correlation: None,
+        status_ok: false,
+    };
+    while !p.is_empty() {
+        let id = take_ref(&mut p, 1)?[0];
+        match id {
+            0x01 => {
+                take_ref(&mut p, 1)?;
             }
+            0x02 => {
+                take_ref(&mut p, 4)?;
+            }
+            0x23 => {
+                take_ref(&mut p, 2)?;
+            }
+            0x03 | 0x08 => {
+                take_bin_ref(&mut p)?;
+            }
+            0x09 => out.correlation = Some(take_bin_ref(&mut p)?),
+            0x0B => {
+                read_varint_ref(&mut p)?;
+            }
+            0x26 => {
+                let name = take_bin_ref(&mut p)?;
+                let value = take_bin_ref(&mut p)?;
+                if name == b"__stat" && value == b"200" {
+                    out.status_ok = true;
+                }
+            }
+            other => bail!("unexpected PUBLISH property 0x{other:02x}"),
         }
-        Ok(out)
     }
+    Ok(out)
 }
 
 /// Appends a PUBACK for `packet_id` (success, no properties: four bytes).
@@ -370,10 +392,10 @@ pub fn check_connack(frame: &Frame) -> Result<()> {
 }
 
 fn check_suback(frame: Frame) -> Result<()> {
-    let mut body = frame.body;
-    take_u16(&mut body)?;
-    let n = read_varint(&mut body)?;
-    take(&mut body, n)?;
+    let mut body = &frame.body[..];
+    take_u16_ref(&mut body)?;
+    let n = read_varint_ref(&mut body)?;
+    take_ref(&mut body, n)?;
     match body.first() {
         Some(code) if *code < 0x80 => Ok(()),
         Some(code) => bail!("subscription refused with reason 0x{code:02x}"),
@@ -381,8 +403,9 @@ fn check_suback(frame: Frame) -> Result<()> {
     }
 }
 
-/// Splits one whole frame off the front of `buf`, if one is buffered.
-pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
+/// The frame at the front of `buf`, if a whole one is buffered: its fixed header byte and the
+/// range of its body.
+pub fn peek_frame(buf: &[u8]) -> Result<Option<(u8, std::ops::Range<usize>)>> {
     if buf.len() < 2 {
         return Ok(None);
     }
@@ -402,13 +425,36 @@ pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
         return Err(anyhow!("remaining length longer than 4 bytes"));
     }
     if buf.len() < header_len + remaining {
-        buf.reserve(header_len + remaining - buf.len());
         return Ok(None);
     }
-    let header = buf[0];
-    buf.advance(header_len);
-    let body = buf.split_to(remaining).freeze();
+    Ok(Some((buf[0], header_len..header_len + remaining)))
+}
+
+/// Splits one whole frame off the front of `buf`, if one is buffered.
+pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
+    let Some((header, body)) = peek_frame(buf)? else {
+        // Room for the rest of a frame whose header has arrived.
+        if let Some(total) = pending_frame_len(buf) {
+            buf.reserve(total.saturating_sub(buf.len()));
+        }
+        return Ok(None);
+    };
+    buf.advance(body.start);
+    let body = buf.split_to(body.len()).freeze();
     Ok(Some(Frame { header, body }))
+}
+
+/// The whole length of the frame at the front of `buf`, once its fixed header has arrived.
+fn pending_frame_len(buf: &[u8]) -> Option<usize> {
+    let mut remaining = 0usize;
+    for i in 0..4 {
+        let b = *buf.get(1 + i)?;
+        remaining |= usize::from(b & 0x7F) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some(2 + i + remaining);
+        }
+    }
+    None
 }
 
 /// Runs `fut` with a time limit, as an error when it is exceeded.
@@ -449,18 +495,37 @@ mod tests {
         template.set_packet_id(0x1234);
         let mut buf = BytesMut::from(&template.bytes[..]);
         buf.extend_from_slice(&[0x40, 2, 0x12, 0x34]);
+        let (header, body) = peek_frame(&buf).expect("valid").expect("whole");
+        let r = PublishRef::parse(header, &buf[body]).expect("parses in place");
+        assert_eq!(r.packet_id, 0x1234);
+        assert_eq!(r.payload, b"hi");
+        let props = scan_props(r.properties).expect("scans");
+        assert!(props.status_ok);
+        assert_eq!(props.correlation, Some(&b"0123456789abcdef"[..]));
         let frame = split_frame(&mut buf).expect("valid").expect("whole");
         assert_eq!(frame.kind(), PUBLISH);
         let view = PublishView::parse(frame).expect("parses");
         assert_eq!(view.packet_id, 0x1234);
         assert_eq!(&view.topic[..], b"a/b");
         assert_eq!(&view.payload[..], b"hi");
-        let props = view.scan().expect("scans");
-        assert!(props.status_ok);
-        assert_eq!(props.correlation.as_deref(), Some(&b"0123456789abcdef"[..]));
         let ack = split_frame(&mut buf).expect("valid").expect("whole");
         assert_eq!(ack.kind(), PUBACK);
         assert!(split_frame(&mut buf).expect("valid").is_none());
+    }
+
+    #[test]
+    fn a_frame_is_whole_only_when_all_of_it_arrived() {
+        let publish = plain_publish("t", QoS::AtLeastOnce, Bytes::from_static(b"payload"));
+        let bytes = PublishTemplate::new(&publish).bytes;
+        for cut in 0..bytes.len() {
+            assert!(
+                peek_frame(&bytes[..cut]).expect("valid").is_none(),
+                "cut {cut}"
+            );
+        }
+        let (_, body) = peek_frame(&bytes).expect("valid").expect("whole");
+        assert_eq!(body.end, bytes.len());
+        assert!(peek_frame(&[0x30, 0xFF, 0xFF, 0xFF, 0xFF]).is_err());
     }
 
     #[test]

@@ -8,13 +8,15 @@ use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use mqkv_broker::codec::{Properties, Publish, QoS};
 use mqkv_protocol::Command;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::mqtt::{put_digits, put_puback, Conn, PublishTemplate, PublishView, PUBLISH};
+use crate::mqtt::{
+    peek_frame, put_digits, put_puback, scan_props, Conn, PublishRef, PublishTemplate, PUBLISH,
+};
 
 /// Keys are `bench-key-` followed by this many digits.
 pub const KEY_DIGITS: usize = 7;
@@ -166,8 +168,8 @@ impl StoreClient {
     }
 
     pub async fn set(&mut self, key_index: u64) -> Result<bool> {
-        let answer = self.call(true, key_index).await?;
-        Ok(answer.status_ok && &answer.payload[..] == b"+OK\r\n")
+        self.call(true, key_index, |ok, payload| ok && payload == b"+OK\r\n")
+            .await
     }
 
     /// SET whose value ends in the 16 decimal digits of `n`.
@@ -180,14 +182,20 @@ impl StoreClient {
 
     /// True when the GET found a value.
     pub async fn get(&mut self, key_index: u64) -> Result<bool> {
-        let answer = self.call(false, key_index).await?;
-        Ok(answer.status_ok
-            && answer.payload.first() == Some(&b'$')
-            && &answer.payload[..] != b"$-1\r\n")
+        self.call(false, key_index, |ok, payload| {
+            ok && payload.first() == Some(&b'$') && payload != b"$-1\r\n"
+        })
+        .await
     }
 
-    /// Sends a request and waits for the response with its correlation data.
-    pub async fn call(&mut self, is_set: bool, key_index: u64) -> Result<StoreAnswer> {
+    /// Sends a request and waits for the response with its correlation data; `judge` sees
+    /// whether its `__stat` was 200, and its payload.
+    async fn call(
+        &mut self,
+        is_set: bool,
+        key_index: u64,
+        judge: impl FnOnce(bool, &[u8]) -> bool,
+    ) -> Result<bool> {
         self.seq += 1;
         let pid = self.conn.ids.next();
         let slot = if is_set { &mut self.set } else { &mut self.get };
@@ -199,7 +207,7 @@ impl StoreClient {
             .send(req.prepare(pid, self.tag, self.seq, key_index))
             .await;
         let answer = match sent {
-            Ok(()) => self.await_response(req.correlation()).await,
+            Ok(()) => self.await_response(req.correlation(), judge).await,
             Err(e) => Err(e),
         };
         if is_set {
@@ -220,28 +228,47 @@ impl StoreClient {
         self.conn
             .send(req.prepare(pid, self.tag, self.seq, key_index))
             .await?;
-        self.await_response(req.correlation()).await
+        self.await_response(req.correlation(), |status_ok, payload| StoreAnswer {
+            payload: Bytes::copy_from_slice(payload),
+            status_ok,
+        })
+        .await
     }
 
-    async fn await_response(&mut self, correlation: &[u8]) -> Result<StoreAnswer> {
+    /// Reads until the response with `correlation` arrives and returns what `judge` makes of
+    /// it. Responses are read where they lie in the read buffer, as the Redis client reads its
+    /// replies: nothing is copied or reference counted.
+    async fn await_response<T>(
+        &mut self,
+        correlation: &[u8],
+        judge: impl FnOnce(bool, &[u8]) -> T,
+    ) -> Result<T> {
+        let mut judge = Some(judge);
         loop {
-            let frame = self.conn.read_frame().await?;
-            match frame.kind() {
+            let Some((header, body)) = peek_frame(&self.conn.rbuf)? else {
+                self.conn.fill().await?;
+                continue;
+            };
+            let mut verdict = None;
+            match header >> 4 {
                 PUBLISH => {
-                    let view = PublishView::parse(frame)?;
-                    if view.qos > 0 {
-                        put_puback(&mut self.conn.wbuf, view.packet_id);
+                    let publish = PublishRef::parse(header, &self.conn.rbuf[body.clone()])?;
+                    if publish.qos > 0 {
+                        put_puback(&mut self.conn.wbuf, publish.packet_id);
                     }
-                    let props = view.scan()?;
-                    if props.correlation.as_deref() == Some(correlation) {
-                        return Ok(StoreAnswer {
-                            payload: view.payload,
-                            status_ok: props.status_ok,
-                        });
+                    let props = scan_props(publish.properties)?;
+                    if props.correlation == Some(correlation) {
+                        if let Some(judge) = judge.take() {
+                            verdict = Some(judge(props.status_ok, publish.payload));
+                        }
                     }
                 }
                 crate::mqtt::DISCONNECT => bail!("server disconnected"),
                 _ => {}
+            }
+            self.conn.rbuf.advance(body.end);
+            if let Some(v) = verdict {
+                return Ok(v);
             }
         }
     }
@@ -389,18 +416,16 @@ mod tests {
         };
         let mut req = StoreRequest::new("c1", "node", &cmd).expect("template");
         let bytes = req.prepare(7, 1, 2, 1234).to_vec();
-        let mut buf = BytesMut::from(&bytes[..]);
-        let frame = crate::mqtt::split_frame(&mut buf)
-            .expect("valid")
-            .expect("whole");
-        let view = PublishView::parse(frame).expect("publish");
-        assert_eq!(view.packet_id, 7);
-        let parsed = mqkv_protocol::parse_request(&view.payload).expect("request");
+        let (header, body) = peek_frame(&bytes).expect("valid").expect("whole");
+        assert_eq!(body.end, bytes.len());
+        let publish = PublishRef::parse(header, &bytes[body]).expect("publish");
+        assert_eq!(publish.packet_id, 7);
+        let parsed = mqkv_protocol::parse_request(publish.payload).expect("request");
         assert_eq!(parsed.key().as_ref(), &key_bytes(1234)[..]);
-        let props = view.scan().expect("props");
+        let props = scan_props(publish.properties).expect("props");
         let mut corr = 1u64.to_be_bytes().to_vec();
         corr.extend_from_slice(&2u64.to_be_bytes());
-        assert_eq!(props.correlation.as_deref(), Some(&corr[..]));
+        assert_eq!(props.correlation, Some(&corr[..]));
     }
 
     #[test]

@@ -808,7 +808,7 @@ pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResul
             let answer = c
                 .call_command(&Command::KeyNotify { key, stop: false }, NOTIFY_KEY)
                 .await?;
-            if &answer.payload[..] != b"+OK\r\n" {
+            if !answer.status_ok || &answer.payload[..] != b"+OK\r\n" {
                 bail!("KEYNOTIFY answered {:?}", answer.payload);
             }
             Ok(c.conn)
