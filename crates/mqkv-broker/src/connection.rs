@@ -164,7 +164,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         client_id: &client_id,
         username: connect.username.as_deref(),
         password: connect.password.as_ref(),
-        authentication_method: connect.properties.authentication_method.as_deref(),
+        authentication_method: connect.properties.authentication_method(),
         peer,
         local,
     }) {
@@ -214,7 +214,9 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
 
     let mut props = Properties::default();
     if v5 {
-        props.assigned_client_identifier = assigned;
+        if assigned.is_some() {
+            props.rare_mut().assigned_client_identifier = assigned;
+        }
         props.server_keep_alive = server_keep_alive;
         props.receive_maximum = Some(cfg.receive_maximum);
         props.maximum_packet_size = Some(cfg.max_packet_size);
@@ -223,7 +225,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
             props.session_expiry_interval = Some(expiry);
         }
         if connect.properties.request_response_information == Some(1) {
-            props.response_information = Some(format!("clients/{client_id}"));
+            props.rare_mut().response_information = Some(format!("clients/{client_id}"));
         }
     }
     session.send_control(

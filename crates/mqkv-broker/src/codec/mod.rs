@@ -14,7 +14,7 @@ pub mod reason;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-pub use props::{PerReceiver, PropContext, PropStr, Properties};
+pub use props::{PerReceiver, PropContext, PropStr, Properties, RareProperties};
 
 /// Protocol level byte of MQTT 3.1.1.
 pub const V311: u8 = 4;
@@ -979,6 +979,65 @@ mod tests {
                 Packet::Connect(Box::new(c))
             );
         }
+    }
+
+    #[test]
+    fn rare_properties_roundtrip_out_of_line() {
+        let mut connack = Properties {
+            session_expiry_interval: Some(60),
+            receive_maximum: Some(10),
+            ..Default::default()
+        };
+        let rare = connack.rare_mut();
+        rare.assigned_client_identifier = Some("auto-1".into());
+        rare.authentication_method = Some("SCRAM".into());
+        rare.authentication_data = Some(Bytes::from_static(b"\x00\x01"));
+        rare.response_information = Some("clients/auto-1".into());
+        rare.server_reference = Some("other:1883".into());
+        rare.reason_string = Some("because".into());
+        let mut out = BytesMut::new();
+        connack.encode(&mut out);
+        assert_eq!(out.len(), connack.encoded_len());
+        let mut bytes = out.freeze();
+        let got = Properties::decode(&mut bytes, PropContext::ConnAck).expect("decodes");
+        assert_eq!(got, connack);
+        assert!(bytes.is_empty());
+        // A packet without any of them has none allocated, and a rare property is decoded
+        // with the context rules of every other one.
+        let ack = Packet::PubAck(Ack {
+            packet_id: 3,
+            reason_code: 0x10,
+            properties: Properties {
+                rare: Some(Box::new(RareProperties {
+                    reason_string: Some("no subscribers".into()),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+        });
+        assert_eq!(roundtrip(ack.clone(), V5), ack);
+        let plain = Packet::PubAck(Ack {
+            packet_id: 3,
+            ..Default::default()
+        });
+        let Packet::PubAck(got) = roundtrip(plain, V5) else {
+            panic!("not a PUBACK");
+        };
+        assert!(got.properties.rare.is_none());
+        // Assigned Client Identifier is a CONNACK property only.
+        let mut b = BytesMut::from(&[0x40u8, 6, 0, 3, 0, 3, 0x12, 0][..]);
+        assert!(decode(&mut b, Some(V5), 1000).is_err());
+    }
+
+    #[test]
+    fn properties_stay_small_to_move() {
+        // Every PUBLISH and acknowledgement moves its properties a few times on the way
+        // through the broker.
+        assert!(
+            std::mem::size_of::<Properties>() <= 200,
+            "{} bytes",
+            std::mem::size_of::<Properties>()
+        );
     }
 
     #[test]

@@ -145,16 +145,13 @@ pub struct Properties {
     pub correlation_data: Option<Bytes>,
     pub subscription_identifiers: Vec<u32>,
     pub session_expiry_interval: Option<u32>,
-    pub assigned_client_identifier: Option<String>,
     pub server_keep_alive: Option<u16>,
-    pub authentication_method: Option<String>,
-    pub authentication_data: Option<Bytes>,
     pub request_problem_information: Option<u8>,
     pub will_delay_interval: Option<u32>,
     pub request_response_information: Option<u8>,
-    pub response_information: Option<String>,
-    pub server_reference: Option<String>,
-    pub reason_string: Option<String>,
+    /// The texts and binary data that only a few packets carry, and rarely; kept out of line
+    /// so that the properties of every PUBLISH and acknowledgement stay small to move.
+    pub rare: Option<Box<RareProperties>>,
     pub receive_maximum: Option<u16>,
     pub topic_alias_maximum: Option<u16>,
     pub topic_alias: Option<u16>,
@@ -165,6 +162,30 @@ pub struct Properties {
     pub wildcard_subscription_available: Option<u8>,
     pub subscription_identifier_available: Option<u8>,
     pub shared_subscription_available: Option<u8>,
+}
+
+/// Properties that only CONNECT, CONNACK, AUTH, DISCONNECT and acknowledgements carry (see
+/// [`Properties::rare`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RareProperties {
+    pub assigned_client_identifier: Option<String>,
+    pub authentication_method: Option<String>,
+    pub authentication_data: Option<Bytes>,
+    pub response_information: Option<String>,
+    pub server_reference: Option<String>,
+    pub reason_string: Option<String>,
+}
+
+impl Properties {
+    /// The rare properties, made present (empty) if they were not.
+    pub fn rare_mut(&mut self) -> &mut RareProperties {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
+    /// The authentication method, if any.
+    pub fn authentication_method(&self) -> Option<&str> {
+        self.rare.as_ref()?.authentication_method.as_deref()
+    }
 }
 
 fn set_once<T>(slot: &mut Option<T>, v: T) -> Result<(), DecodeError> {
@@ -229,12 +250,17 @@ impl Properties {
                     p.subscription_identifiers.push(v);
                 }
                 SESSION_EXPIRY_INTERVAL => set_once(&mut p.session_expiry_interval, read_u32(b)?)?,
-                ASSIGNED_CLIENT_IDENTIFIER => {
-                    set_once(&mut p.assigned_client_identifier, read_string(b)?)?
-                }
+                ASSIGNED_CLIENT_IDENTIFIER => set_once(
+                    &mut p.rare_mut().assigned_client_identifier,
+                    read_string(b)?,
+                )?,
                 SERVER_KEEP_ALIVE => set_once(&mut p.server_keep_alive, read_u16(b)?)?,
-                AUTHENTICATION_METHOD => set_once(&mut p.authentication_method, read_string(b)?)?,
-                AUTHENTICATION_DATA => set_once(&mut p.authentication_data, read_binary(b)?)?,
+                AUTHENTICATION_METHOD => {
+                    set_once(&mut p.rare_mut().authentication_method, read_string(b)?)?
+                }
+                AUTHENTICATION_DATA => {
+                    set_once(&mut p.rare_mut().authentication_data, read_binary(b)?)?
+                }
                 REQUEST_PROBLEM_INFORMATION => {
                     set_once(&mut p.request_problem_information, read_flag(b)?)?
                 }
@@ -242,9 +268,11 @@ impl Properties {
                 REQUEST_RESPONSE_INFORMATION => {
                     set_once(&mut p.request_response_information, read_flag(b)?)?
                 }
-                RESPONSE_INFORMATION => set_once(&mut p.response_information, read_string(b)?)?,
-                SERVER_REFERENCE => set_once(&mut p.server_reference, read_string(b)?)?,
-                REASON_STRING => set_once(&mut p.reason_string, read_string(b)?)?,
+                RESPONSE_INFORMATION => {
+                    set_once(&mut p.rare_mut().response_information, read_string(b)?)?
+                }
+                SERVER_REFERENCE => set_once(&mut p.rare_mut().server_reference, read_string(b)?)?,
+                REASON_STRING => set_once(&mut p.rare_mut().reason_string, read_string(b)?)?,
                 RECEIVE_MAXIMUM => {
                     let v = read_u16(b)?;
                     if v == 0 {
@@ -306,7 +334,9 @@ impl Properties {
     /// Encoded length with `over` in place of the block's own per-receiver values.
     pub fn body_len_with(&self, over: &PerReceiver<'_>) -> usize {
         let s = |v: Option<&str>| v.map_or(0, |s| 3 + s.len());
-        let b = |v: &Option<Bytes>| v.as_ref().map_or(0, |s| 3 + s.len());
+        let b = |v: Option<&Bytes>| v.map_or(0, |s| 3 + s.len());
+        let rare = self.rare.as_deref();
+        let rs = |f: fn(&RareProperties) -> Option<&str>| s(rare.and_then(f));
         let n1 = |v: &Option<u8>| v.map_or(0, |_| 2);
         let n2 = |v: &Option<u16>| v.map_or(0, |_| 3);
         let n4 = |v: &Option<u32>| v.map_or(0, |_| 5);
@@ -314,23 +344,23 @@ impl Properties {
             + n4(&over.message_expiry_interval)
             + s(self.content_type.as_deref())
             + s(self.response_topic.as_deref())
-            + b(&self.correlation_data)
+            + b(self.correlation_data.as_ref())
             + over
                 .subscription_identifiers
                 .iter()
                 .map(|v| 1 + varint_len(*v as usize))
                 .sum::<usize>()
             + n4(&self.session_expiry_interval)
-            + s(self.assigned_client_identifier.as_deref())
+            + rs(|r| r.assigned_client_identifier.as_deref())
             + n2(&self.server_keep_alive)
-            + s(self.authentication_method.as_deref())
-            + b(&self.authentication_data)
+            + rs(|r| r.authentication_method.as_deref())
+            + b(rare.and_then(|r| r.authentication_data.as_ref()))
             + n1(&self.request_problem_information)
             + n4(&self.will_delay_interval)
             + n1(&self.request_response_information)
-            + s(self.response_information.as_deref())
-            + s(self.server_reference.as_deref())
-            + s(self.reason_string.as_deref())
+            + rs(|r| r.response_information.as_deref())
+            + rs(|r| r.server_reference.as_deref())
+            + rs(|r| r.reason_string.as_deref())
             + n2(&self.receive_maximum)
             + n2(&self.topic_alias_maximum)
             + n2(&over.topic_alias)
@@ -375,7 +405,7 @@ impl Properties {
                 super::write_bin(out, v.as_bytes());
             }
         }
-        fn b(out: &mut BytesMut, id: u8, v: &Option<Bytes>) {
+        fn b(out: &mut BytesMut, id: u8, v: Option<&Bytes>) {
             if let Some(v) = v {
                 out.put_u8(id);
                 super::write_bin(out, v);
@@ -403,7 +433,8 @@ impl Properties {
         n4(out, MESSAGE_EXPIRY_INTERVAL, over.message_expiry_interval);
         s(out, CONTENT_TYPE, self.content_type.as_deref());
         s(out, RESPONSE_TOPIC, self.response_topic.as_deref());
-        b(out, CORRELATION_DATA, &self.correlation_data);
+        b(out, CORRELATION_DATA, self.correlation_data.as_ref());
+        let rare = self.rare.as_deref();
         for id in over.subscription_identifiers {
             out.put_u8(SUBSCRIPTION_IDENTIFIER);
             super::write_varint(out, *id as usize);
@@ -412,15 +443,19 @@ impl Properties {
         s(
             out,
             ASSIGNED_CLIENT_IDENTIFIER,
-            self.assigned_client_identifier.as_deref(),
+            rare.and_then(|r| r.assigned_client_identifier.as_deref()),
         );
         n2(out, SERVER_KEEP_ALIVE, self.server_keep_alive);
         s(
             out,
             AUTHENTICATION_METHOD,
-            self.authentication_method.as_deref(),
+            rare.and_then(|r| r.authentication_method.as_deref()),
         );
-        b(out, AUTHENTICATION_DATA, &self.authentication_data);
+        b(
+            out,
+            AUTHENTICATION_DATA,
+            rare.and_then(|r| r.authentication_data.as_ref()),
+        );
         n1(
             out,
             REQUEST_PROBLEM_INFORMATION,
@@ -435,10 +470,18 @@ impl Properties {
         s(
             out,
             RESPONSE_INFORMATION,
-            self.response_information.as_deref(),
+            rare.and_then(|r| r.response_information.as_deref()),
         );
-        s(out, SERVER_REFERENCE, self.server_reference.as_deref());
-        s(out, REASON_STRING, self.reason_string.as_deref());
+        s(
+            out,
+            SERVER_REFERENCE,
+            rare.and_then(|r| r.server_reference.as_deref()),
+        );
+        s(
+            out,
+            REASON_STRING,
+            rare.and_then(|r| r.reason_string.as_deref()),
+        );
         n2(out, RECEIVE_MAXIMUM, self.receive_maximum);
         n2(out, TOPIC_ALIAS_MAXIMUM, self.topic_alias_maximum);
         n2(out, TOPIC_ALIAS, over.topic_alias);
