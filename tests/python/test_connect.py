@@ -135,6 +135,18 @@ def test_session_expiry_set_to_zero_by_disconnect(server):
     assert c.session_present is False, "DISCONNECT with Session Expiry Interval 0 must end it"
 
 
+def test_disconnect_is_handled_before_the_next_connection_takes_over(server):
+    # Consecutive connections are served by different threads; the new connection's CONNECT
+    # must not overtake the DISCONNECT the old one already received.
+    for i in range(20):
+        c = Paho(server, f"order{i}", properties=props(CONNECT, SessionExpiryInterval=60))
+        c.disconnect(0, props(DISCONNECT, SessionExpiryInterval=0))
+        c = Paho(server, f"order{i}", clean_start=False,
+                 properties=props(CONNECT, SessionExpiryInterval=60))
+        assert c.session_present is False, f"round {i}: the DISCONNECT was overtaken"
+        c.disconnect()
+
+
 def test_session_expiry_extended_by_disconnect(server):
     c = Paho(server, "upd", properties=props(CONNECT, SessionExpiryInterval=1))
     assert c.subscribe("upd/t", 1) == [1]

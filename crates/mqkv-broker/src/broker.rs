@@ -37,6 +37,9 @@ const DIRECT_WRITES_PER_PUBLISH: usize = 256;
 /// that serve its subscribers, one wake-up per thread for the whole publish.
 const DIRECT_REMOTE_WRITES: usize = 4;
 
+/// Longest a new connection waits for the one it takes over to finish what it received.
+const HANDOVER_WAIT: Duration = Duration::from_secs(1);
+
 #[derive(Clone)]
 struct ServiceClaim {
     filters: Vec<String>,
@@ -481,6 +484,17 @@ impl Inner {
     }
 
     /// Attaches a new connection to the session for `client_id`, creating or replacing it.
+    /// Lets the connection currently on `client_id`'s session, if any, finish what it received
+    /// before a new connection takes the session over (see [`crate::session::Handover`]).
+    pub(crate) async fn hand_over(&self, client_id: &ClientId) {
+        let session = self.sessions.lock().get(client_id).cloned();
+        let handover =
+            session.and_then(|s| s.state.lock().link.as_ref().map(|l| l.handover.clone()));
+        if let Some(handover) = handover {
+            handover.ask_and_wait(HANDOVER_WAIT).await;
+        }
+    }
+
     pub fn attach(
         &self,
         client_id: &ClientId,

@@ -32,6 +32,8 @@ const WRITE_BATCH: usize = 256 * 1024;
 /// [`MIN_READ`] is left.
 const READ_CHUNK: usize = 8 * 1024;
 const MIN_READ: usize = 2 * 1024;
+/// Most bytes a connection reads to finish what it received when it is taken over.
+const HANDOVER_READ_MAX: usize = 256 * 1024;
 
 /// Counts the connection as live for as long as it exists.
 struct LiveGuard(Arc<Inner>);
@@ -209,6 +211,8 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         client_alias_max,
     );
     let notify = link.notify.clone();
+    let handover = link.handover.clone();
+    inner.hand_over(&client_id).await;
     let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
     let session = attached.session;
 
@@ -269,6 +273,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         notify,
         services: inner.service_claims(),
         waker: CachedWaker::default(),
+        handover: handover.clone(),
     };
     let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
     tracing::debug!(client_id = %client_id, ?end, "connection closed");
@@ -278,6 +283,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         _ => conn.will.take(),
     };
     inner.detach(&session, conn_id, will);
+    handover.finish();
     for service in inner.services() {
         service.on_disconnect(&ident);
     }
@@ -464,6 +470,7 @@ struct Conn {
     services: crate::broker::ServiceClaims,
     /// The waker services' futures get (see [`crate::threads::home_waker`]).
     waker: CachedWaker,
+    handover: Arc<crate::session::Handover>,
 }
 
 /// A task's waker wrapped by [`crate::threads::home_waker`], made once and reused while the
@@ -531,6 +538,12 @@ impl Conn {
         // only when the flag says shutdown began. Polling it again on every packet would take
         // the lock of the one notifier all connections share.
         let mut shutdown_registered = false;
+        // A new connection for the same client asks through this (see `Handover`), registered
+        // and then polled the same way as the shutdown future.
+        let handover = self.handover.clone();
+        let mut asked = std::pin::pin!(tokio::task::unconstrained(handover.asked.notified()));
+        let mut handover_registered = false;
+        let mut handed_over = false;
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let end = loop {
             // While the batch is handled, queueing output does not wake the writer task: the
@@ -555,12 +568,22 @@ impl Conn {
             let watch_shutdown =
                 !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
             shutdown_registered = true;
+            let watch_handover = !handed_over && (!handover_registered || handover.requested());
+            handover_registered = true;
             // In this order: a client that never stops sending still sees a shutdown.
             tokio::select! {
                 biased;
                 _ = &mut shutdown, if watch_shutdown => {
                     self.close_with(reason::SERVER_SHUTTING_DOWN);
                     break End::Shutdown;
+                }
+                _ = &mut asked, if watch_handover => {
+                    handed_over = true;
+                    match self.finish_received(rd, &mut buf, max_in).await {
+                        Some(end) => break end,
+                        // Still connected: the new connection takes over, and the writer ends.
+                        None => handover.finish(),
+                    }
                 }
                 _ = &mut writer => {
                     // Write failure or takeover.
@@ -588,6 +611,50 @@ impl Conn {
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer).await;
         writer.abort();
         end
+    }
+
+    /// Reads what the socket already holds, without waiting, and handles it: for a new
+    /// connection that takes this one's session over. Returns how the connection ended, if what
+    /// it read ended it.
+    async fn finish_received(
+        &mut self,
+        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        buf: &mut BytesMut,
+        max_in: usize,
+    ) -> Option<End> {
+        // Bounded, so a client that never stops sending cannot hold the new connection up.
+        let mut room = HANDOVER_READ_MAX;
+        let mut closed = false;
+        while room > 0 {
+            if buf.capacity() - buf.len() < MIN_READ {
+                buf.reserve(READ_CHUNK);
+            }
+            match rd.try_read_buf(buf) {
+                Ok(0) => {
+                    closed = true;
+                    break;
+                }
+                Ok(n) => room = room.saturating_sub(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        self.session.set_deferred(self.conn_id, true);
+        let processed = self.process(buf, max_in).await;
+        self.flush_inline();
+        match processed {
+            Ok(None) if closed => Some(End::Abnormal),
+            Ok(None) => None,
+            Ok(Some(end)) => Some(end),
+            Err(Violation(code)) => {
+                tracing::debug!(client_id = %self.client_id, code, "protocol violation");
+                self.close_with(code);
+                Some(End::Abnormal)
+            }
+        }
     }
 
     /// Decodes and handles every whole packet in `buf`.

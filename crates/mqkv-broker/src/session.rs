@@ -102,6 +102,52 @@ pub struct Link {
     writer: Option<Writer>,
     /// The connection thread serving it (see [`crate::threads::current_home`]).
     home: usize,
+    /// How a new connection for the same client asks this one to finish what it received.
+    pub handover: Arc<Handover>,
+}
+
+/// A connection taken over by a new one for the same client first handles every packet it has
+/// already received: a client that sends DISCONNECT (with a session expiry of 0, say) and then
+/// connects again must find the first connection's DISCONNECT handled, even when another thread
+/// serves the new connection and gets to its CONNECT first. The new connection asks and waits
+/// (bounded); the old one's reader drains its socket without waiting, handles what it read, and
+/// answers: at once if the connection goes on, after leaving the session if what it read ended
+/// the connection.
+#[derive(Debug, Default)]
+pub struct Handover {
+    requested: std::sync::atomic::AtomicBool,
+    pub(crate) asked: Notify,
+    finished: std::sync::atomic::AtomicBool,
+    finished_notify: Notify,
+}
+
+impl Handover {
+    /// Whether a new connection asked (see [`Handover::ask_and_wait`]).
+    pub(crate) fn requested(&self) -> bool {
+        self.requested.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Asks the connection to finish what it received, and waits until it says it has, or
+    /// `limit` passes.
+    pub(crate) async fn ask_and_wait(&self, limit: std::time::Duration) {
+        let finished = self.finished_notify.notified();
+        tokio::pin!(finished);
+        finished.as_mut().enable();
+        self.requested
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.asked.notify_one();
+        if self.finished.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let _ = tokio::time::timeout(limit, finished).await;
+    }
+
+    /// Says that what the connection received before it was asked has been handled.
+    pub(crate) fn finish(&self) {
+        self.finished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.finished_notify.notify_waiters();
+    }
 }
 
 /// What a task needs to write a connection's queued output itself (see
@@ -145,6 +191,7 @@ impl Link {
             deferred: false,
             writer: None,
             home: 0,
+            handover: Arc::new(Handover::default()),
         }
     }
 }
