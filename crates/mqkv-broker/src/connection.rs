@@ -491,6 +491,16 @@ impl CachedWaker {
     }
 }
 
+/// What a connection asked to hand over found in what it had received.
+enum Received {
+    /// Handled; the connection goes on until it is taken over.
+    Handled,
+    /// What it received ended the connection (DISCONNECT, a protocol violation).
+    Ended(End),
+    /// The peer closed the connection.
+    PeerGone,
+}
+
 /// A violation detected while handling a packet: DISCONNECT with this reason code.
 struct Violation(u8);
 
@@ -580,9 +590,14 @@ impl Conn {
                 _ = &mut asked, if watch_handover => {
                     handed_over = true;
                     match self.finish_received(rd, &mut buf, max_in).await {
-                        Some(end) => break end,
+                        Received::Ended(end) => break end,
+                        Received::PeerGone => {
+                            // As for a read that finds the peer gone.
+                            writer.abort();
+                            return End::Abnormal;
+                        }
                         // Still connected: the new connection takes over, and the writer ends.
-                        None => handover.finish(),
+                        Received::Handled => handover.finish(),
                     }
                 }
                 _ = &mut writer => {
@@ -614,14 +629,13 @@ impl Conn {
     }
 
     /// Reads what the socket already holds, without waiting, and handles it: for a new
-    /// connection that takes this one's session over. Returns how the connection ended, if what
-    /// it read ended it.
+    /// connection that takes this one's session over.
     async fn finish_received(
         &mut self,
         rd: &mut tokio::net::tcp::OwnedReadHalf,
         buf: &mut BytesMut,
         max_in: usize,
-    ) -> Option<End> {
+    ) -> Received {
         // Bounded, so a client that never stops sending cannot hold the new connection up.
         let mut room = HANDOVER_READ_MAX;
         let mut closed = false;
@@ -646,13 +660,13 @@ impl Conn {
         let processed = self.process(buf, max_in).await;
         self.flush_inline();
         match processed {
-            Ok(None) if closed => Some(End::Abnormal),
-            Ok(None) => None,
-            Ok(Some(end)) => Some(end),
+            Ok(None) if closed => Received::PeerGone,
+            Ok(None) => Received::Handled,
+            Ok(Some(end)) => Received::Ended(end),
             Err(Violation(code)) => {
                 tracing::debug!(client_id = %self.client_id, code, "protocol violation");
                 self.close_with(code);
-                Some(End::Abnormal)
+                Received::Ended(End::Abnormal)
             }
         }
     }
