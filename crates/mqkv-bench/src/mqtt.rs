@@ -403,58 +403,46 @@ fn check_suback(frame: Frame) -> Result<()> {
     }
 }
 
-/// The frame at the front of `buf`, if a whole one is buffered: its fixed header byte and the
-/// range of its body.
-pub fn peek_frame(buf: &[u8]) -> Result<Option<(u8, std::ops::Range<usize>)>> {
-    if buf.len() < 2 {
-        return Ok(None);
-    }
+/// The fixed header at the front of `buf`, once all of it has arrived: its length and the
+/// remaining length it announces.
+fn fixed_header(buf: &[u8]) -> Result<Option<(usize, usize)>> {
     let mut remaining = 0usize;
-    let mut header_len = 0;
     for i in 0..4 {
         let Some(&b) = buf.get(1 + i) else {
             return Ok(None);
         };
         remaining |= usize::from(b & 0x7F) << (7 * i);
         if b & 0x80 == 0 {
-            header_len = 2 + i;
-            break;
+            return Ok(Some((2 + i, remaining)));
         }
     }
-    if header_len == 0 {
-        return Err(anyhow!("remaining length longer than 4 bytes"));
-    }
-    if buf.len() < header_len + remaining {
-        return Ok(None);
-    }
-    Ok(Some((buf[0], header_len..header_len + remaining)))
+    Err(anyhow!("remaining length longer than 4 bytes"))
 }
 
-/// Splits one whole frame off the front of `buf`, if one is buffered.
-pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
-    let Some((header, body)) = peek_frame(buf)? else {
-        // Room for the rest of a frame whose header has arrived.
-        if let Some(total) = pending_frame_len(buf) {
-            buf.reserve(total.saturating_sub(buf.len()));
-        }
+/// The frame at the front of `buf`, if a whole one is buffered: its fixed header byte and the
+/// range of its body.
+pub fn peek_frame(buf: &[u8]) -> Result<Option<(u8, std::ops::Range<usize>)>> {
+    let Some((header_len, remaining)) = fixed_header(buf)? else {
         return Ok(None);
     };
-    buf.advance(body.start);
-    let body = buf.split_to(body.len()).freeze();
-    Ok(Some(Frame { header, body }))
+    let end = header_len + remaining;
+    Ok((buf.len() >= end).then(|| (buf[0], header_len..end)))
 }
 
-/// The whole length of the frame at the front of `buf`, once its fixed header has arrived.
-fn pending_frame_len(buf: &[u8]) -> Option<usize> {
-    let mut remaining = 0usize;
-    for i in 0..4 {
-        let b = *buf.get(1 + i)?;
-        remaining |= usize::from(b & 0x7F) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some(2 + i + remaining);
-        }
+/// Splits one whole frame off the front of `buf`, if one is buffered; otherwise makes room for
+/// the rest of a frame whose fixed header has arrived.
+pub fn split_frame(buf: &mut BytesMut) -> Result<Option<Frame>> {
+    let Some((header_len, remaining)) = fixed_header(buf)? else {
+        return Ok(None);
+    };
+    if buf.len() < header_len + remaining {
+        buf.reserve(header_len + remaining - buf.len());
+        return Ok(None);
     }
-    None
+    let header = buf[0];
+    buf.advance(header_len);
+    let body = buf.split_to(remaining).freeze();
+    Ok(Some(Frame { header, body }))
 }
 
 /// Runs `fut` with a time limit, as an error when it is exceeded.
