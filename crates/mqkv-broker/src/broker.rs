@@ -418,9 +418,9 @@ impl Inner {
         for (i, (session, d)) in targets.into_iter().enumerate() {
             // The publishing task writes to the first subscribers served by its own thread
             // itself (to all of them, in a small fan-out), and posts the others' to their
-            // threads; beyond the first few hundred,
-            // their writer tasks write, so one large fan-out does not hold this task (and the
-            // clients sharing its thread) for a syscall per subscriber.
+            // threads; beyond the first few hundred, their writer tasks write, so one large
+            // fan-out does not hold this task (and the clients sharing its thread) for a syscall
+            // per subscriber.
             let (queued, direct) = if i < DIRECT_WRITES_PER_PUBLISH {
                 session.enqueue_direct(d, limits)
             } else {
@@ -483,7 +483,6 @@ impl Inner {
         out
     }
 
-    /// Attaches a new connection to the session for `client_id`, creating or replacing it.
     /// Lets the connection currently on `client_id`'s session, if any, finish what it received
     /// before a new connection takes the session over (see [`crate::session::Handover`]).
     pub(crate) async fn hand_over(&self, client_id: &ClientId) {
@@ -495,6 +494,7 @@ impl Inner {
         }
     }
 
+    /// Attaches a new connection to the session for `client_id`, creating or replacing it.
     pub fn attach(
         &self,
         client_id: &ClientId,

@@ -90,16 +90,15 @@ impl Wake for HomeWaker {
 }
 
 /// A waker for the calling task that batches wake-ups from other threads, when the caller runs
-/// on a connection thread; elsewhere the task's own waker.
+/// on a connection thread (the only threads with an outbox); elsewhere the task's own waker.
 pub(crate) fn home_waker(task: &Waker) -> Waker {
-    let home = current_home();
     match OUTBOX.with(|o| o.borrow().clone()) {
-        Some(outbox) if home != 0 => Waker::from(Arc::new(HomeWaker {
-            home,
+        Some(outbox) => Waker::from(Arc::new(HomeWaker {
+            home: current_home(),
             outbox,
             task: task.clone(),
         })),
-        _ => task.clone(),
+        None => task.clone(),
     }
 }
 

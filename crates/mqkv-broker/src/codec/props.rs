@@ -434,12 +434,12 @@ impl Properties {
         s(out, CONTENT_TYPE, self.content_type.as_deref());
         s(out, RESPONSE_TOPIC, self.response_topic.as_deref());
         b(out, CORRELATION_DATA, self.correlation_data.as_ref());
-        let rare = self.rare.as_deref();
         for id in over.subscription_identifiers {
             out.put_u8(SUBSCRIPTION_IDENTIFIER);
             super::write_varint(out, *id as usize);
         }
         n4(out, SESSION_EXPIRY_INTERVAL, self.session_expiry_interval);
+        let rare = self.rare.as_deref();
         s(
             out,
             ASSIGNED_CLIENT_IDENTIFIER,
