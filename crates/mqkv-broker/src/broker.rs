@@ -150,31 +150,19 @@ impl Broker {
     }
 
     /// Binds a TCP listener and serves MQTT on it until shutdown. Returns the bound address.
+    /// Every connection thread accepts from it.
     pub async fn listen(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let inner = self.inner.clone();
-        let mut shutdown = inner.shutdown.subscribe();
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((stream, peer)) => {
-                            let _ = stream.set_nodelay(true);
-                            let conn_inner = inner.clone();
-                            inner.threads.serve(stream, move |stream| {
-                                crate::connection::run(conn_inner, stream, peer, local)
-                            });
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    },
-                    _ = shutdown.changed() => break,
-                }
-            }
-        });
+        let listener = listener.into_std()?;
+        for index in 0..self.inner.threads.len() {
+            let listener = listener.try_clone()?;
+            let inner = self.inner.clone();
+            let shutdown = inner.shutdown.subscribe();
+            self.inner
+                .threads
+                .spawn_on(index, accept_loop(inner, listener, local, shutdown));
+        }
         Ok(local)
     }
 
@@ -267,6 +255,41 @@ impl Broker {
             let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
         }
         self.inner.threads.stop();
+    }
+}
+
+/// Accepts connections on the connection thread it runs on until shutdown, each served where
+/// [`ConnThreads::place`](crate::threads::ConnThreads::place) puts it.
+async fn accept_loop(
+    inner: Arc<Inner>,
+    listener: std::net::TcpListener,
+    local: SocketAddr,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot accept on a connection thread");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let conn_inner = inner.clone();
+                    inner.threads.place(stream, move |stream| {
+                        crate::connection::run(conn_inner, stream, peer, local)
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
     }
 }
 

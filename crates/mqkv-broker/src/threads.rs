@@ -12,6 +12,11 @@
 //! (the answer to a state store write, from the log's thread) go through the outbox too: a
 //! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
 //! answers posted together costs one.
+//!
+//! Every thread accepts from the listening socket itself (each on its own poller), so a new
+//! connection is usually served by the thread that accepted it, with no hand-over. A thread that
+//! already serves two or more connections more than the least busy one hands a connection it
+//! accepts over to that thread instead, so long-lived connections end up spread evenly.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
@@ -106,6 +111,28 @@ struct ConnThread {
     handle: tokio::runtime::Handle,
     outbox: Arc<Outbox>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
+    /// Connections placed on the thread and not yet ended.
+    live: Arc<AtomicUsize>,
+}
+
+/// How many more connections than the least busy thread a thread may take before it hands the
+/// ones it accepts over.
+const PLACEMENT_SLACK: usize = 2;
+
+/// Counts a connection as live on its thread until dropped.
+struct Live(Arc<AtomicUsize>);
+
+impl Live {
+    fn new(live: &Arc<AtomicUsize>) -> Live {
+        live.fetch_add(1, Ordering::Relaxed);
+        Live(live.clone())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// The broker's connection threads.
@@ -141,6 +168,7 @@ impl ConnThreads {
                 handle,
                 outbox,
                 stop: Mutex::new(Some(stop)),
+                live: Arc::new(AtomicUsize::new(0)),
             });
         }
         Ok(ConnThreads {
@@ -149,8 +177,60 @@ impl ConnThreads {
         })
     }
 
-    /// Serves an accepted connection on the next thread in turn.
-    pub(crate) fn serve<F, Fut>(&self, stream: TcpStream, serve: F)
+    /// How many threads there are.
+    pub(crate) fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Runs `task` on thread `index` (modulo the number of threads).
+    pub(crate) fn spawn_on<Fut>(&self, index: usize, task: Fut)
+    where
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let thread = &self.threads[index % self.threads.len()];
+        thread.handle.spawn(task);
+    }
+
+    /// The least busy thread; among equals, the next in turn.
+    fn least_busy(&self) -> usize {
+        let n = self.threads.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .min_by_key(|&i| self.threads[i].live.load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    /// Serves a connection accepted on this thread here, unless this thread already has
+    /// [`PLACEMENT_SLACK`] more connections than the least busy one: then there. Off the
+    /// connection threads, it goes to the least busy one.
+    pub(crate) fn place<F, Fut>(&self, stream: TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let least = self.least_busy();
+        let here = current_home()
+            .checked_sub(1)
+            .filter(|&i| i < self.threads.len())
+            .filter(|&i| {
+                let load = |t: usize| self.threads[t].live.load(Ordering::Relaxed);
+                load(i) < load(least) + PLACEMENT_SLACK
+            });
+        match here {
+            Some(i) => {
+                let live = Live::new(&self.threads[i].live);
+                tokio::spawn(async move {
+                    let _live = live;
+                    serve(stream).await;
+                });
+            }
+            None => self.hand_over(least, stream, serve),
+        }
+    }
+
+    /// Serves `stream` on thread `index`.
+    fn hand_over<F, Fut>(&self, index: usize, stream: TcpStream, serve: F)
     where
         F: FnOnce(TcpStream) -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
@@ -163,8 +243,10 @@ impl ConnThreads {
                 return;
             }
         };
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len();
-        self.threads[i].handle.spawn(async move {
+        let thread = &self.threads[index % self.threads.len()];
+        let live = Live::new(&thread.live);
+        thread.handle.spawn(async move {
+            let _live = live;
             match TcpStream::from_std(stream) {
                 Ok(stream) => serve(stream).await,
                 Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
@@ -244,7 +326,7 @@ mod tests {
             let (server, client) = accepted().await;
             clients.push(client);
             let tx = tx.clone();
-            threads.serve(server, move |_stream| async move {
+            threads.place(server, move |_stream| async move {
                 let _ = tx.send(current_home());
             });
         }
@@ -286,7 +368,7 @@ mod tests {
         let (waker_tx, waker_rx) = mpsc::channel();
         let (done_tx, done_rx) = mpsc::channel();
         let flag = woken.clone();
-        threads.serve(server, move |_stream| async move {
+        threads.place(server, move |_stream| async move {
             WaitFor {
                 woken: flag,
                 waker: waker_tx,
@@ -323,7 +405,7 @@ mod tests {
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = SetOnDrop(dropped.clone());
         let (started_tx, started_rx) = mpsc::channel();
-        threads.serve(server, move |_stream| async move {
+        threads.place(server, move |_stream| async move {
             let _guard = guard;
             let _ = started_tx.send(());
             std::future::pending::<()>().await;
@@ -341,5 +423,56 @@ mod tests {
             dropped.load(Ordering::SeqCst),
             "the connection outlived stop"
         );
+    }
+
+    /// Accepts one connection on thread `index` and places it there; returns where it is
+    /// served.
+    async fn accept_and_place(threads: &Arc<ConnThreads>, index: usize, hold: bool) -> usize {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let client = TcpStream::connect(addr).await.expect("connect");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let placing = threads.clone();
+        threads.spawn_on(index, async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("register");
+            let (server, _) = listener.accept().await.expect("accept");
+            placing.place(server, move |_stream| async move {
+                let _ = tx.send(current_home());
+                if hold {
+                    let _client = client;
+                    std::future::pending::<()>().await;
+                }
+            });
+        });
+        tokio::time::timeout(Duration::from_secs(5), rx)
+            .await
+            .expect("served in time")
+            .expect("served")
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_served_by_the_thread_that_accepted_it() {
+        let threads = Arc::new(ConnThreads::start(2).expect("threads"));
+        for index in [0, 1, 1, 0] {
+            assert_eq!(accept_and_place(&threads, index, false).await, index + 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_busier_thread_hands_what_it_accepts_to_the_least_busy() {
+        let threads = Arc::new(ConnThreads::start(2).expect("threads"));
+        let mut homes = Vec::new();
+        for _ in 0..6 {
+            homes.push(accept_and_place(&threads, 0, true).await);
+        }
+        // Thread 0 keeps connections while it has fewer than two more than thread 1.
+        assert_eq!(homes, vec![1, 1, 2, 1, 2, 1], "served on {homes:?}");
+        let live: Vec<usize> = threads
+            .threads
+            .iter()
+            .map(|t| t.live.load(Ordering::Relaxed))
+            .collect();
+        assert_eq!(live, vec![4, 2]);
     }
 }
