@@ -150,12 +150,12 @@ impl Broker {
     }
 
     /// Binds a TCP listener and serves MQTT on it until shutdown. Returns the bound address.
-    /// Every connection thread accepts from it.
+    /// Up to [`ACCEPTING_THREADS`] connection threads accept from it.
     pub async fn listen(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let listener = listener.into_std()?;
-        for index in 0..self.inner.threads.len() {
+        for index in accepting_threads(self.inner.threads.len()) {
             let listener = listener.try_clone()?;
             let inner = self.inner.clone();
             let shutdown = inner.shutdown.subscribe();
@@ -256,6 +256,17 @@ impl Broker {
         }
         self.inner.threads.stop();
     }
+}
+
+/// Most connection threads that accept from one listener. Each new connection wakes every
+/// thread waiting on the listener, and all but one of them find nothing to accept: a few
+/// accepting threads spare most connections a hand-over without waking every core for each.
+pub(crate) const ACCEPTING_THREADS: usize = 4;
+
+/// Which of `n` connection threads accept: at most [`ACCEPTING_THREADS`], spread evenly.
+fn accepting_threads(n: usize) -> impl Iterator<Item = usize> {
+    let k = n.clamp(1, ACCEPTING_THREADS);
+    (0..k).map(move |i| i * n.max(1) / k)
 }
 
 /// Accepts connections on the connection thread it runs on until shutdown, each served where
@@ -720,5 +731,19 @@ pub(crate) fn identity(
         principal: principal.clone(),
         peer,
         connection_id: conn_id,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_few_threads_accept_spread_evenly() {
+        let accepting = |n| super::accepting_threads(n).collect::<Vec<_>>();
+        assert_eq!(accepting(0), vec![0]);
+        assert_eq!(accepting(1), vec![0]);
+        assert_eq!(accepting(2), vec![0, 1]);
+        assert_eq!(accepting(4), vec![0, 1, 2, 3]);
+        assert_eq!(accepting(8), vec![0, 2, 4, 6]);
+        assert_eq!(accepting(10), vec![0, 2, 5, 7]);
     }
 }

@@ -13,10 +13,11 @@
 //! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
 //! answers posted together costs one.
 //!
-//! Every thread accepts from the listening socket itself (each on its own poller), so a new
-//! connection is usually served by the thread that accepted it, with no hand-over. A thread that
-//! already serves two or more connections more than the least busy one hands a connection it
-//! accepts over to that thread instead, so long-lived connections end up spread evenly.
+//! The threads accept from the listening socket themselves (each on its own poller; up to four
+//! of them, see [`crate::broker::ACCEPTING_THREADS`]), so a new connection is usually served by
+//! the thread that accepted it, with no hand-over. A thread that already serves two or more
+//! connections more than the least busy one hands a connection it accepts over to that thread
+//! instead, so long-lived connections end up spread evenly.
 
 use std::cell::{Cell, RefCell};
 use std::future::Future;
