@@ -379,6 +379,37 @@ async fn memory_snapshots_keep_the_log_short_without_a_copy() {
     node.shutdown().await.unwrap();
 }
 
+/// With large values a snapshot is serialized from a copy taken under the
+/// state lock (the values shared), after the lock is released, while writes
+/// go on: what it restores must still be exactly the state it was taken at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_of_large_values_restores_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = NodeOptions {
+        snapshot_every: 7,
+        logs_kept_after_snapshot: 0,
+        ..NodeOptions::default()
+    };
+    let mut direct = StateMachine::new(config());
+    let (node, _) = open(dir.path(), options.clone()).await;
+    for i in 0..60u64 {
+        let value = format!("{i:04}").repeat(1024);
+        let entry = set_with(T0 + i, &format!("blob{}", i % 5), &value, None, None);
+        write_both(&node, &mut direct, entry).await;
+    }
+    assert!(direct.snapshot_copy_pays());
+    wait_for_snapshot(&node).await;
+    node.shutdown().await.unwrap();
+    let (node, _) = open(dir.path(), options).await;
+    let stats = node.stats();
+    assert!(
+        stats.snapshot_index.is_some_and(|i| i > 0),
+        "restored from a snapshot: {stats:?}"
+    );
+    assert_eq!(snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_values_trigger_snapshots_before_the_entry_count_does() {
     let dir = tempfile::tempdir().unwrap();

@@ -44,5 +44,5 @@ pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENT
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};
 pub use machine::StateMachine;
 pub use scan::SCAN_TOKEN_PREFIX;
-pub use snapshot::SNAPSHOT_FORMAT;
+pub use snapshot::{SnapshotCopy, SNAPSHOT_FORMAT};
 pub use validate::validate;

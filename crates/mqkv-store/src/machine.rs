@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use mqkv_protocol::{Command, ErrorKind, Hlc, HlcClock, Response};
@@ -25,13 +26,17 @@ use crate::{validate, Applied, ChangeEvent, ChangeKind, Entry, Op, Request, Stor
 /// the read buffer around it, alive).
 pub(crate) type Key = Box<[u8]>;
 
+/// A stored value: an exact-size copy, shared (not copied) with a snapshot
+/// that is being written while the store goes on.
+pub(crate) type Value = Arc<[u8]>;
+
 /// What is stored for one key. Kept boxed in the key map, so the map's
 /// nodes hold only two pointers per key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
     /// An exact-size copy of the value.
-    #[serde(with = "crate::snapshot::boxed_bytes")]
-    pub(crate) value: Box<[u8]>,
+    #[serde(with = "crate::snapshot::shared_bytes")]
+    pub(crate) value: Value,
     /// Version of the last SET; what GET returns as `__ts`.
     pub(crate) version: Hlc,
     /// Fencing token protecting the key, if any.
@@ -145,6 +150,21 @@ impl StateMachine {
     /// About how many bytes a snapshot of this machine takes, erring high:
     /// keys and values plus a record's versions, tokens and deadline, and
     /// each remembered answer with its identity.
+    /// Whether [`Self::snapshot_copy`] is much cheaper than serializing the
+    /// state: when values are large, copying the keys and sharing the values
+    /// takes a fraction of the time that copying the values' bytes does.
+    pub fn snapshot_copy_pays(&self) -> bool {
+        const MIN_MEAN_VALUE: u64 = 512;
+        self.stored_bytes > MIN_MEAN_VALUE.saturating_mul(self.keys.len() as u64)
+    }
+
+    /// What a snapshot of the state holds, with the values shared rather
+    /// than copied: it serializes exactly as the machine does, so it can be
+    /// serialized after the machine has moved on.
+    pub fn snapshot_copy(&self) -> crate::snapshot::SnapshotCopy {
+        crate::snapshot::SnapshotCopy::of(self)
+    }
+
     pub fn snapshot_size_hint(&self) -> u64 {
         const PER_KEY: u64 = 64;
         const PER_ANSWER: u64 = 96;

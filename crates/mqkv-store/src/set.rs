@@ -13,6 +13,7 @@
 //!   the key expiring, which is what every lease helper does.
 
 use std::num::NonZeroU64;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
@@ -79,7 +80,7 @@ impl StateMachine {
         self.insert(
             key,
             Record {
-                value: Box::from(&value[..]),
+                value: Arc::from(&value[..]),
                 version: version.clone(),
                 fencing_token: fencing_token.map(Box::new),
                 // PX is at least 1, so a deadline is never 0.

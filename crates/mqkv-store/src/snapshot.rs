@@ -21,11 +21,11 @@ use crate::{StateMachine, StoreConfig};
 pub const SNAPSHOT_FORMAT: u32 = 1;
 
 #[derive(Serialize)]
-struct SnapshotRef<'a> {
+struct SnapshotRef<'a, K: Serialize> {
     format: u32,
     config: &'a StoreConfig,
     clock: &'a HlcClock,
-    keys: KeysRef<'a>,
+    keys: K,
     dedup: &'a DedupTable,
 }
 
@@ -43,6 +43,15 @@ impl Serialize for KeysRef<'_> {
     }
 }
 
+/// [`KeysRef`] over keys copied out of the map, in its order.
+struct KeysCopied<'a>(&'a [(Key, Record)]);
+
+impl Serialize for KeysCopied<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|(key, record)| (BytesRef(key), record)))
+    }
+}
+
 /// A byte string serialized as bytes (not as a sequence of numbers): the
 /// encoding of `Bytes`, so the snapshot format does not depend on how keys
 /// and values are held in memory.
@@ -54,10 +63,12 @@ impl Serialize for BytesRef<'_> {
     }
 }
 
-/// `#[serde(with)]` for a `Box<[u8]>` stored with the encoding of `Bytes`.
-pub(crate) mod boxed_bytes {
+/// `#[serde(with)]` for a [`Value`] stored with the encoding of `Bytes`.
+pub(crate) mod shared_bytes {
     use bytes::Bytes;
     use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::machine::Value;
 
     pub(crate) fn serialize<S: Serializer>(value: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_bytes(value)
@@ -65,8 +76,48 @@ pub(crate) mod boxed_bytes {
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
-    ) -> Result<Box<[u8]>, D::Error> {
-        Bytes::deserialize(deserializer).map(|bytes| Vec::from(bytes).into_boxed_slice())
+    ) -> Result<Value, D::Error> {
+        Bytes::deserialize(deserializer).map(|bytes| Value::from(&bytes[..]))
+    }
+}
+
+/// A snapshot's content taken out of the machine (see
+/// [`StateMachine::snapshot_copy`]): the keys and records copied, their
+/// values shared. Serializes to the same bytes as the machine it was taken
+/// from did at that moment.
+#[derive(Debug, Clone)]
+pub struct SnapshotCopy {
+    config: StoreConfig,
+    clock: HlcClock,
+    keys: Vec<(Key, Record)>,
+    dedup: DedupTable,
+}
+
+impl SnapshotCopy {
+    pub(crate) fn of(machine: &StateMachine) -> SnapshotCopy {
+        SnapshotCopy {
+            config: machine.config.clone(),
+            clock: machine.clock.clone(),
+            keys: machine
+                .keys
+                .iter()
+                .map(|(key, record)| (key.clone(), Record::clone(record)))
+                .collect(),
+            dedup: machine.dedup.clone(),
+        }
+    }
+}
+
+impl Serialize for SnapshotCopy {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        SnapshotRef {
+            format: SNAPSHOT_FORMAT,
+            config: &self.config,
+            clock: &self.clock,
+            keys: KeysCopied(&self.keys),
+            dedup: &self.dedup,
+        }
+        .serialize(serializer)
     }
 }
 
@@ -132,6 +183,34 @@ mod tests {
         m.apply(&deduped(100, Command::Del { key: b("plain") }, "corr"));
         put(&mut m, 100, "bin\x00\u{7f}", "\r\n");
         m
+    }
+
+    #[test]
+    fn a_copy_serializes_as_the_machine_did_when_it_was_taken() {
+        let mut m = populated();
+        let big = "v".repeat(4096);
+        put(&mut m, 100, "big", &big);
+        let before = postcard::to_allocvec(&m).unwrap();
+        let copy = m.snapshot_copy();
+        // The machine moves on; the copy does not.
+        put(&mut m, 200, "big", "replaced");
+        m.apply(&deduped(200, Command::Del { key: b("ttl") }, "corr-2"));
+        assert_ne!(postcard::to_allocvec(&m).unwrap(), before);
+        assert_eq!(postcard::to_allocvec(&copy).unwrap(), before);
+        let restored: StateMachine = postcard::from_bytes(&before).unwrap();
+        assert_eq!(restored.get(b"big", 300).map(|(v, _)| v), Some(b(&big)));
+    }
+
+    #[test]
+    fn a_copy_pays_only_when_values_are_large() {
+        let mut m = machine();
+        for i in 0..100 {
+            put(&mut m, 100, &format!("k{i}"), "small");
+        }
+        assert!(!m.snapshot_copy_pays());
+        put(&mut m, 100, "large", &"v".repeat(100 * 1024));
+        assert!(m.snapshot_copy_pays());
+        assert!(!machine().snapshot_copy_pays(), "nothing stored");
     }
 
     #[test]
