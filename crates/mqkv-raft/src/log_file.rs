@@ -55,6 +55,9 @@ const MAX_PAYLOAD: u32 = 1 << 30;
 const SEGMENT_EXT: &str = "seg";
 /// Zeros written ahead of the appends (see [`Segment::allocated`]).
 const ALLOCATE_AHEAD: u64 = 4 << 20;
+/// A write at least this long that reaches past the allocated space grows
+/// the file itself instead of having zeros written ahead of it.
+const WRITE_PAST_ALLOCATED: u64 = 256 << 10;
 const LOCK_FILE: &str = "LOCK";
 
 /// One change to the log, as written.
@@ -125,7 +128,8 @@ struct Segment {
     len: u64,
     /// Bytes of the file written (with zeros) ahead of `len`: appending
     /// into them changes no file metadata, so each sync is a data flush
-    /// only.
+    /// only. A large append past them grows the file instead (see
+    /// [`WRITE_PAST_ALLOCATED`]).
     allocated: u64,
     /// Highest entry index written to this segment.
     last_index: Option<u64>,
@@ -655,13 +659,17 @@ impl Segments {
         let current = self.current_mut()?;
         if !staged.is_empty() {
             let end = current.len + staged.len() as u64;
-            if end > current.allocated {
+            // Zeros written ahead of a large write would double what goes to
+            // disk, while the size change it makes instead costs its sync
+            // little next to its own data.
+            if end > current.allocated && (staged.len() as u64) < WRITE_PAST_ALLOCATED {
                 allocate(current, end + ALLOCATE_AHEAD)?;
             }
             // A write that fails part way leaves bytes past `len`; the next
             // one writes over them.
             current.file.write_all_at(&staged, current.len)?;
             current.len = end;
+            current.allocated = current.allocated.max(end);
         }
         if sync {
             current.file.sync_data()?;

@@ -1387,3 +1387,38 @@ async fn the_after_snapshot_hook_runs_for_every_snapshot_written() {
     // snapshots call the hook too.
     assert!(calls >= built, "{calls} hook calls for {built} snapshots");
 }
+
+/// An append too large for the space allocated ahead grows the segment
+/// itself: no zeros are written after it (the file ends with its data),
+/// and it reads back after a restart like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_append_grows_the_segment_without_zeros_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    let mut direct = StateMachine::new(config());
+    // Fifteen appends of 300 KiB reach past the 4 MiB allocated ahead.
+    for i in 0..15u64 {
+        let big = format!("{i:02}").repeat(150 << 10);
+        write_both(
+            &node,
+            &mut direct,
+            set(T0 + i, &format!("big{}", i % 4), &big),
+        )
+        .await;
+    }
+    let bytes = std::fs::read(Target::NewestSegment.path(dir.path())).unwrap();
+    let tail = &bytes[bytes.len().saturating_sub(1024)..];
+    assert!(
+        tail.iter().any(|&b| b != 0),
+        "the segment ends in zeros written ahead ({} bytes)",
+        bytes.len()
+    );
+    // Small appends after it have zeros written ahead again.
+    write_both(&node, &mut direct, set(T0 + 20, "small", "v")).await;
+    let bytes = std::fs::read(Target::NewestSegment.path(dir.path())).unwrap();
+    assert!(bytes[bytes.len() - 1024..].iter().all(|&b| b == 0));
+    node.shutdown().await.unwrap();
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    assert_eq!(snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
