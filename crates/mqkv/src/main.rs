@@ -196,8 +196,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(n) = config.workers.filter(|n| !(1..=MAX_WORKERS).contains(n)) {
         anyhow::bail!("workers must be between 1 and {MAX_WORKERS}, not {n}")
     }
-    // Connections are served by the broker's own threads (`workers` of them); this runtime
-    // only accepts them and runs the housekeeping: timers, saving, signals.
+    // Connections are accepted and served by the broker's own threads (`workers` of them);
+    // this runtime only runs the housekeeping: timers, saving, signals.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
