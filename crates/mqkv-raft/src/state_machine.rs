@@ -123,19 +123,28 @@ impl StateShared {
         // load: 90-100 ms; sized, 10-30 ms).
         let hint = self.read().machine.snapshot_size_hint();
         let buffer = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
-        // Apply waits meanwhile (and so may readers queued behind it), unless
-        // a copy is much quicker to take than the bytes.
+        self.serialize_into(postcard::ser_flavors::ExtendFlavor::new(buffer))
+    }
+
+    /// Serializes the applied state into `flavor`, with the meta describing
+    /// it. Apply waits meanwhile (and so may readers queued behind it),
+    /// unless a copy is much quicker to take than the bytes: then only for
+    /// the copy.
+    fn serialize_into<F: postcard::ser_flavors::Flavor>(
+        &self,
+        flavor: F,
+    ) -> Result<(SnapshotMeta, F::Output), Failure> {
         let state = self.read();
         let meta = self.meta_of(&state);
-        let data = if state.machine.snapshot_copy_pays() {
+        let output = if state.machine.snapshot_copy_pays() {
             let copy = state.machine.snapshot_copy();
             drop(state);
-            postcard::to_extend(&copy, buffer)
+            postcard::serialize_with_flavor(&copy, flavor)
         } else {
-            postcard::to_extend(&state.machine, buffer)
+            postcard::serialize_with_flavor(&state.machine, flavor)
         }
         .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
-        Ok((meta, data))
+        Ok((meta, output))
     }
 
     fn meta_of(&self, state: &AppliedState) -> SnapshotMeta {
@@ -167,22 +176,7 @@ impl StateShared {
         // Log written from here on (while the snapshot is serialized and
         // saved) is not in it and still counts towards the next one.
         let covered = Counters::get(&self.counters.log_bytes_since_snapshot);
-        let (meta, chunks) = {
-            // Apply waits meanwhile (and so may readers queued behind it),
-            // unless a copy is much quicker to take than the bytes: then only
-            // for the copy.
-            let state = self.read();
-            let meta = self.meta_of(&state);
-            let chunks = if state.machine.snapshot_copy_pays() {
-                let copy = state.machine.snapshot_copy();
-                drop(state);
-                postcard::serialize_with_flavor(&copy, Chunks::default())
-            } else {
-                postcard::serialize_with_flavor(&state.machine, Chunks::default())
-            }
-            .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
-            (meta, chunks)
-        };
+        let (meta, chunks) = self.serialize_into(Chunks::default())?;
         let (chunks, len) = (chunks.pieces, chunks.len);
         // The pieces are handed to the file one by one and dropped there, so
         // the serialized state shrinks as the file's transaction grows.

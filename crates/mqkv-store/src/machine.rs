@@ -147,9 +147,6 @@ impl StateMachine {
         self.stored_bytes
     }
 
-    /// About how many bytes a snapshot of this machine takes, erring high:
-    /// keys and values plus a record's versions, tokens and deadline, and
-    /// each remembered answer with its identity.
     /// Whether [`Self::snapshot_copy`] is much cheaper than serializing the
     /// state: when values are large, copying the keys and sharing the values
     /// takes a fraction of the time that copying the values' bytes does.
@@ -165,6 +162,9 @@ impl StateMachine {
         crate::snapshot::SnapshotCopy::of(self)
     }
 
+    /// About how many bytes a snapshot of this machine takes, erring high:
+    /// keys and values plus a record's versions, tokens and deadline, and
+    /// each remembered answer with its identity.
     pub fn snapshot_size_hint(&self) -> u64 {
         const PER_KEY: u64 = 64;
         const PER_ANSWER: u64 = 96;
