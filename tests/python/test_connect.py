@@ -136,7 +136,7 @@ def test_session_expiry_set_to_zero_by_disconnect(server):
 
 
 def test_disconnect_is_handled_before_the_next_connection_takes_over(server):
-    # Consecutive connections are served by different threads; the new connection's CONNECT
+    # Consecutive connections may be served by different threads; the new connection's CONNECT
     # must not overtake the DISCONNECT the old one already received.
     for i in range(20):
         c = Paho(server, f"order{i}", properties=props(CONNECT, SessionExpiryInterval=60))

@@ -35,6 +35,15 @@ const MIN_READ: usize = 2 * 1024;
 /// Most bytes a connection reads to finish what it received when it is taken over.
 const HANDOVER_READ_MAX: usize = 256 * 1024;
 
+/// Gives `buf` back [`READ_CHUNK`] of room once less than [`MIN_READ`] is left. Decoded packets
+/// split their bytes off the front of the buffer, so its spare room shrinks; without this a read
+/// could fetch a few dozen bytes at a time.
+fn make_read_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < MIN_READ {
+        buf.reserve(READ_CHUNK);
+    }
+}
+
 /// Counts the connection as live for as long as it exists.
 struct LiveGuard(Arc<Inner>);
 
@@ -570,11 +579,7 @@ impl Conn {
                     break End::Abnormal;
                 }
             }
-            // Decoded packets split their bytes off the front of `buf`, so its spare room
-            // shrinks; without this a read could fetch a few dozen bytes at a time.
-            if buf.capacity() - buf.len() < MIN_READ {
-                buf.reserve(READ_CHUNK);
-            }
+            make_read_room(&mut buf);
             let watch_shutdown =
                 !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
             shutdown_registered = true;
@@ -640,9 +645,7 @@ impl Conn {
         let mut room = HANDOVER_READ_MAX;
         let mut closed = false;
         while room > 0 {
-            if buf.capacity() - buf.len() < MIN_READ {
-                buf.reserve(READ_CHUNK);
-            }
+            make_read_room(buf);
             match rd.try_read_buf(buf) {
                 Ok(0) => {
                     closed = true;
