@@ -211,18 +211,16 @@ async fn lease_auto_renewal_keeps_it_held() {
     )
     .unwrap();
 
+    // Renewal every 600 ms of a 2 s lease.
+    let renewal = Duration::from_millis(600);
     let mut obs = lease_b.observe(TIMEOUT).await.unwrap();
     let t1 = lease_a
-        .acquire(
-            Duration::from_millis(1500),
-            TIMEOUT,
-            Some(Duration::from_millis(400)),
-        )
+        .acquire(Duration::from_millis(2000), TIMEOUT, Some(renewal))
         .await
         .unwrap();
 
-    // Well past the 1.5 s expiry, the lease is still A's thanks to renewals.
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    // Well past the 2 s expiry, the lease is still A's thanks to renewals.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
     assert_eq!(
         lease_b.get_holder(TIMEOUT).await.unwrap(),
         Some(a.id.clone().into_bytes())
@@ -236,15 +234,25 @@ async fn lease_auto_renewal_keeps_it_held() {
     // The observer saw the initial SET and several renewal SETs, and no DELETE.
     let mut sets = 0;
     while let Ok(Some((n, _))) =
-        tokio::time::timeout(Duration::from_millis(200), obs.recv_notification()).await
+        tokio::time::timeout(Duration::from_millis(100), obs.recv_notification()).await
     {
         assert_set_notification(&n, &name, a.id.as_bytes());
         sets += 1;
     }
-    assert!(
-        sets >= 5,
-        "expected the initial SET and at least 4 renewals, saw {sets} SET notifications"
+    // One more renewal, seen as it lands: the release below comes half a period after it.
+    // The SDK's release stops a renewal task that is asleep; one caught mid-request would
+    // write the lease again after the release, so the release must not race a renewal.
+    assert_set_notification(
+        &next_notification(&mut obs, Duration::from_secs(5)).await,
+        &name,
+        a.id.as_bytes(),
     );
+    sets += 1;
+    assert!(
+        sets >= 6,
+        "expected the initial SET and at least 5 renewals, saw {sets} SET notifications"
+    );
+    tokio::time::sleep(renewal / 2).await;
 
     lease_a.release(TIMEOUT).await.unwrap();
     assert_del_notification(
