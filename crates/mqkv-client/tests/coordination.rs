@@ -124,13 +124,19 @@ async fn a_renewal_reports_a_lease_taken_over() {
     let lease = Lease::for_client(&a, "contested");
     lease.acquire(ttl).await.unwrap().unwrap();
     let mut renewal = lease.keep_renewed(ttl, Duration::from_millis(200));
-    // Someone deletes the lease key and takes it.
-    b.del("contested").await.unwrap();
-    Lease::for_client(&b, "contested")
-        .acquire(ttl)
-        .await
-        .unwrap()
-        .unwrap();
+    // Someone deletes the lease key and takes it. A renewal landing between the delete and
+    // the take creates the key again (renewals may create it), so B tries until it wins.
+    let taker = Lease::for_client(&b, "contested");
+    tokio::time::timeout(WAIT, async {
+        loop {
+            b.del("contested").await.unwrap();
+            if taker.acquire(ttl).await.unwrap().is_some() {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("B takes the lease");
     let lost = tokio::time::timeout(WAIT, renewal.lost())
         .await
         .expect("noticed");

@@ -88,10 +88,10 @@ async fn nx_nex_and_px_conditions() {
         .is_applied());
     assert_eq!(client.get("c").await.unwrap().unwrap().value, "a");
 
-    let px = SetOptions::new().expires_in(Duration::from_millis(300));
+    let px = SetOptions::new().expires_in(Duration::from_millis(1_500));
     client.set_with("short", "lived", &px).await.unwrap();
     assert!(client.get("short").await.unwrap().is_some());
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(
         client.get("short").await.unwrap(),
         None,

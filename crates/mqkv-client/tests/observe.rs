@@ -118,7 +118,7 @@ async fn a_set_made_while_the_observer_was_away_is_reported() {
     let options = server
         .options("obs-away-set")
         // Come back slowly, so the change below is surely made while away.
-        .reconnect_delay(Duration::from_secs(3), Duration::from_secs(3));
+        .reconnect_delay(Duration::from_secs(6), Duration::from_secs(6));
     let observer = Client::connect(options).await.unwrap();
     let writer = server.client("obs-away-set-writer").await;
 

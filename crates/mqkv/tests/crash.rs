@@ -44,8 +44,7 @@ fn temp_dir() -> std::path::PathBuf {
 }
 
 /// One writer: SETs and DELs on its own keys until the connection dies.
-async fn writer(port: u16, w: usize, cycle: usize, mut model: Model) -> Model {
-    let mut c = Client::connect(&format!("writer-{w}"), port).await;
+async fn writer(mut c: Client, w: usize, cycle: usize, mut model: Model) -> Model {
     let mut i = 0usize;
     loop {
         let key = format!("w{w}-k{}", i % KEYS_PER_WRITER);
@@ -137,10 +136,17 @@ async fn acknowledged_writes_survive_kill_9() {
         for m in models.iter_mut() {
             verify(server.port, m).await;
         }
+        // Every writer is connected before the clock to the kill starts: the kill is
+        // meant to land among writes, not among connects.
+        let mut clients = Vec::with_capacity(WRITERS);
+        for w in 0..WRITERS {
+            clients.push(Client::connect(&format!("writer-{w}"), server.port).await);
+        }
         let tasks: Vec<_> = models
             .drain(..)
+            .zip(clients)
             .enumerate()
-            .map(|(w, m)| tokio::spawn(writer(server.port, w, cycle, m)))
+            .map(|(w, (m, c))| tokio::spawn(writer(c, w, cycle, m)))
             .collect();
         let run = rand::thread_rng().gen_range(300..1200);
         tokio::time::sleep(Duration::from_millis(run)).await;

@@ -263,7 +263,8 @@ async fn scan_reflects_deletes_and_expiry() {
     }
     for i in 0..5 {
         let opts = SetOptions {
-            expires: Some(Duration::from_millis(400)),
+            // Long enough that the writes and the paged SCAN below finish well inside it.
+            expires: Some(Duration::from_millis(2500)),
             ..Default::default()
         };
         assert!(
@@ -303,7 +304,7 @@ async fn scan_reflects_deletes_and_expiry() {
         1
     );
     put(ss, b"chg/new").await;
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
 
     let mut expected: BTreeSet<Vec<u8>> = (0..20)
         .filter(|i| ![0, 3, 7, 10].contains(i))

@@ -25,6 +25,31 @@ fn assert_lease_already_held(r: Result<impl std::fmt::Debug, leased_lock::Error>
     }
 }
 
+/// Auto-renewal: every second, of a lease or lock of three seconds.
+const RENEWAL: Duration = Duration::from_secs(1);
+const RENEWED_EXPIRY: Duration = Duration::from_secs(3);
+
+/// Takes the renewal SETs of `holder` that `obs` has queued, then waits for a fresh one and
+/// for half a renewal period after it; returns how many SETs it saw. The SDK stops a renewal
+/// task that is asleep when the lease is released; one caught in the middle of its request
+/// goes on renewing, so a release must come between renewals, not race one.
+async fn between_renewals(obs: &mut leased_lock::LeaseObservation, name: &[u8], holder: &[u8]) -> usize {
+    let mut sets = 0;
+    while let Ok(Some((n, _))) =
+        tokio::time::timeout(Duration::from_millis(100), obs.recv_notification()).await
+    {
+        assert_set_notification(&n, name, holder);
+        sets += 1;
+    }
+    assert_set_notification(
+        &next_notification(obs, Duration::from_secs(5)).await,
+        name,
+        holder,
+    );
+    tokio::time::sleep(RENEWAL / 2).await;
+    sets + 1
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_acquire_renew_release_and_holder() {
     let server = Server::start("lease_acquire_renew_release_and_holder");
@@ -154,7 +179,7 @@ async fn lease_expires_and_observer_sees_delete() {
     let mut obs = lease_b.observe(TIMEOUT).await.expect("observe the lease");
     let acquired = Instant::now();
     let ta = lease_a
-        .acquire(Duration::from_millis(1500), TIMEOUT, None)
+        .acquire(Duration::from_millis(2500), TIMEOUT, None)
         .await
         .unwrap();
     let n = next_notification(&mut obs, Duration::from_secs(5)).await;
@@ -165,13 +190,13 @@ async fn lease_expires_and_observer_sees_delete() {
     );
     assert_lease_already_held(lease_b.acquire(Duration::from_secs(5), TIMEOUT, None).await);
 
-    // The lease runs out without renewal: DELETE arrives promptly after 1.5 s.
-    let d = next_notification(&mut obs, Duration::from_millis(1500 + 2000)).await;
+    // The lease runs out without renewal: DELETE arrives promptly after 2.5 s.
+    let d = next_notification(&mut obs, Duration::from_millis(2500 + 2000)).await;
     let elapsed = ms_since(acquired);
     assert_del_notification(&d, &name);
     assert!(
-        elapsed >= 1300,
-        "lease DELETE {elapsed} ms after a 1.5 s lease: too early"
+        elapsed >= 2300,
+        "lease DELETE {elapsed} ms after a 2.5 s lease: too early"
     );
     assert_eq!(lease_b.get_holder(TIMEOUT).await.unwrap(), None);
 
@@ -211,16 +236,14 @@ async fn lease_auto_renewal_keeps_it_held() {
     )
     .unwrap();
 
-    // Renewal every 600 ms of a 2 s lease.
-    let renewal = Duration::from_millis(600);
     let mut obs = lease_b.observe(TIMEOUT).await.unwrap();
     let t1 = lease_a
-        .acquire(Duration::from_millis(2000), TIMEOUT, Some(renewal))
+        .acquire(RENEWED_EXPIRY, TIMEOUT, Some(RENEWAL))
         .await
         .unwrap();
 
-    // Well past the 2 s expiry, the lease is still A's thanks to renewals.
-    tokio::time::sleep(Duration::from_millis(4500)).await;
+    // Well past the expiry, the lease is still A's thanks to renewals.
+    tokio::time::sleep(RENEWED_EXPIRY + Duration::from_millis(1500)).await;
     assert_eq!(
         lease_b.get_holder(TIMEOUT).await.unwrap(),
         Some(a.id.clone().into_bytes())
@@ -232,27 +255,11 @@ async fn lease_auto_renewal_keeps_it_held() {
     assert_later(&latest, &t1, "auto-renewed token");
 
     // The observer saw the initial SET and several renewal SETs, and no DELETE.
-    let mut sets = 0;
-    while let Ok(Some((n, _))) =
-        tokio::time::timeout(Duration::from_millis(100), obs.recv_notification()).await
-    {
-        assert_set_notification(&n, &name, a.id.as_bytes());
-        sets += 1;
-    }
-    // One more renewal, seen as it lands: the release below comes half a period after it.
-    // The SDK's release stops a renewal task that is asleep; one caught mid-request would
-    // write the lease again after the release, so the release must not race a renewal.
-    assert_set_notification(
-        &next_notification(&mut obs, Duration::from_secs(5)).await,
-        &name,
-        a.id.as_bytes(),
-    );
-    sets += 1;
+    let sets = between_renewals(&mut obs, &name, a.id.as_bytes()).await;
     assert!(
-        sets >= 6,
-        "expected the initial SET and at least 5 renewals, saw {sets} SET notifications"
+        sets >= 5,
+        "expected the initial SET and at least 4 renewals, saw {sets} SET notifications"
     );
-    tokio::time::sleep(renewal / 2).await;
 
     lease_a.release(TIMEOUT).await.unwrap();
     assert_del_notification(
@@ -622,20 +629,26 @@ async fn lock_auto_renewal_blocks_waiter_until_unlock() {
     )
     .unwrap();
 
+    // A third session watches the lock's key, to time the unlock between renewals.
+    let c = AioClient::connect(&server, &client_id("lockrenew", "c")).await;
+    let watch = lease::Client::new(
+        c.state_store.clone(),
+        name.clone(),
+        c.id.clone().into_bytes(),
+    )
+    .unwrap();
+    let mut obs = watch.observe(TIMEOUT).await.unwrap();
+
     let ta = lock_a
-        .lock(
-            Duration::from_millis(1500),
-            TIMEOUT,
-            Some(Duration::from_millis(400)),
-        )
+        .lock(RENEWED_EXPIRY, TIMEOUT, Some(RENEWAL))
         .await
         .unwrap();
     let waiter = tokio::spawn({
         let lock_b = lock_b.clone();
         async move { lock_b.lock(Duration::from_secs(10), TIMEOUT, None).await }
     });
-    // Several expiry periods pass; renewals (successful SETs) do not wake B for good.
-    tokio::time::sleep(Duration::from_millis(4000)).await;
+    // Past the expiry; renewals (successful SETs) do not wake B for good.
+    tokio::time::sleep(RENEWED_EXPIRY + Duration::from_millis(1500)).await;
     assert!(
         !waiter.is_finished(),
         "B got the lock although A keeps renewing it"
@@ -644,16 +657,32 @@ async fn lock_auto_renewal_blocks_waiter_until_unlock() {
         .current_lock_fencing_token()
         .expect("A still holds the lock");
     assert_later(&renewed, &ta, "auto-renewed lock token");
+    let sets = between_renewals(&mut obs, &name, a.id.as_bytes()).await;
+    assert!(sets >= 5, "the lock and at least 4 renewals, saw {sets} SETs");
+    let renewed = lock_a
+        .current_lock_fencing_token()
+        .expect("A still holds the lock");
 
     lock_a.unlock(TIMEOUT).await.unwrap();
+    assert_del_notification(
+        &next_notification(&mut obs, Duration::from_secs(5)).await,
+        &name,
+    );
     let tb = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("B did not get the lock within 5 s of the unlock")
         .expect("waiter task")
         .expect("B's lock call failed");
     assert_later(&tb, &renewed, "B's token after A's renewals");
+    assert_set_notification(
+        &next_notification(&mut obs, Duration::from_secs(5)).await,
+        &name,
+        b.id.as_bytes(),
+    );
     lock_b.unlock(TIMEOUT).await.unwrap();
+    assert!(watch.unobserve(TIMEOUT).await.unwrap());
 
     a.close().await;
     b.close().await;
+    c.close().await;
 }

@@ -395,7 +395,7 @@ async fn set_nx_only_if_absent() {
     let key2 = b"nx/px".to_vec();
     let opts = SetOptions {
         set_condition: SetCondition::OnlyIfDoesNotExist,
-        expires: Some(Duration::from_millis(600)),
+        expires: Some(Duration::from_millis(2000)),
         ..Default::default()
     };
     assert!(
@@ -410,7 +410,7 @@ async fn set_nx_only_if_absent() {
             .unwrap()
             .response
     );
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     assert_eq!(ss.get(key2.clone(), TIMEOUT).await.unwrap().response, None);
     assert!(
         ss.set(key2.clone(), b"r".to_vec(), TIMEOUT, None, opts)
@@ -507,7 +507,7 @@ async fn px_expiry_removes_key() {
     let forever = b"px/forever".to_vec();
 
     assert!(
-        ss.set(key.clone(), b"short".to_vec(), TIMEOUT, None, px(800))
+        ss.set(key.clone(), b"short".to_vec(), TIMEOUT, None, px(2000))
             .await
             .unwrap()
             .response
@@ -528,11 +528,11 @@ async fn px_expiry_removes_key() {
         Some(&b"short"[..])
     );
 
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let after = ss.get(key.clone(), TIMEOUT).await.unwrap();
     assert_eq!(
         after.response, None,
-        "key set with PX 800 must be gone after 1.5 s"
+        "key set with PX 2000 must be gone after 3 s"
     );
     assert!(
         after.version.is_none(),
@@ -562,19 +562,20 @@ async fn px_expiry_removes_key() {
     // Re-setting with a new PX extends the lifetime (what lease renewal relies on).
     let renew = b"px/renew".to_vec();
     assert!(
-        ss.set(renew.clone(), b"r".to_vec(), TIMEOUT, None, px(1000))
+        ss.set(renew.clone(), b"r".to_vec(), TIMEOUT, None, px(2000))
             .await
             .unwrap()
             .response
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
-        ss.set(renew.clone(), b"r".to_vec(), TIMEOUT, None, px(1500))
+        ss.set(renew.clone(), b"r".to_vec(), TIMEOUT, None, px(3000))
             .await
             .unwrap()
             .response
     );
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // Past the first expiry, before the second.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
     assert_eq!(
         ss.get(renew.clone(), TIMEOUT)
             .await
@@ -584,7 +585,7 @@ async fn px_expiry_removes_key() {
         Some(&b"r"[..]),
         "a re-SET with a new PX must replace the old expiry"
     );
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert_eq!(ss.get(renew.clone(), TIMEOUT).await.unwrap().response, None);
 
     c.close().await;
