@@ -1003,20 +1003,29 @@ pub async fn mem_keys(server: &Server, keys: u64) -> RunResult {
             set.spawn(async move {
                 let mut k = i as u64;
                 let mut refused = 0u64;
+                // Each SET's latency: a stall while the store holds more and more keys (a
+                // snapshot of them, a rehash) shows in the tail.
+                let mut hist = new_histogram();
                 while k < keys {
+                    let sent = Instant::now();
                     if !within(OP_TIMEOUT, "SET", c.set(k)).await? {
                         refused += 1;
                     }
+                    hist.saturating_record(sent.elapsed().as_nanos() as u64);
                     k += LOADERS as u64;
                 }
-                Ok::<_, anyhow::Error>(refused)
+                Ok::<_, anyhow::Error>((refused, hist))
             });
         }
         let mut refused = 0;
+        let mut hist = new_histogram();
         while let Some(j) = set.join_next().await {
-            refused += j.context("loader task")??;
+            let (n, h) = j.context("loader task")??;
+            refused += n;
+            let _ = hist.add(&h);
         }
         let took = t0.elapsed();
+        r.latency_us = Latency::from_ns(&hist);
         let (after, peak) = steady_rss(server).await?;
         let per_key = (after as f64 - before as f64) / keys as f64;
         let payload = (VALUE + key_len()) as f64;

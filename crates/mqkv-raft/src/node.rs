@@ -56,6 +56,11 @@ pub struct NodeOptions {
     pub log_segment_bytes: u64,
     /// How long opening waits for a one-member group to elect this node.
     pub ready_timeout: Duration,
+    /// A state of at least this many keys is snapshotted piecewise: frozen
+    /// at one moment and serialized a piece at a time, writes going on
+    /// between the pieces. Serialized whole, a million keys would hold
+    /// writes up for a large fraction of a second.
+    pub piecewise_snapshot_keys: usize,
 }
 
 impl Default for NodeOptions {
@@ -68,6 +73,7 @@ impl Default for NodeOptions {
             logs_kept_after_snapshot: 1_000,
             log_segment_bytes: 64 << 20,
             ready_timeout: Duration::from_secs(30),
+            piecewise_snapshot_keys: 10_000,
         }
     }
 }
@@ -212,6 +218,7 @@ impl StoreNode {
             log_entries_written: Counters::get(&counters.log_entries_written),
             log_len: self.inner.log.len(),
             snapshots_built: Counters::get(&counters.snapshots_built),
+            snapshots_piecewise: Counters::get(&counters.snapshots_piecewise),
             snapshot_index: self.inner.state.snapshot_index(),
             applied_index: self.inner.state.read().last_applied.map(|id| id.index),
         }
@@ -482,6 +489,7 @@ pub(crate) fn recover(
             Location::Disk(_) => Keep::Data,
             Location::Memory => Keep::MetaOnly,
         },
+        options.piecewise_snapshot_keys,
     );
     Ok(Recovered {
         log,

@@ -12,9 +12,11 @@
 //!   from the log never reach it.
 
 use std::io::Cursor;
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use mqkv_store::{Applied, Entry, StateMachine};
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use mqkv_store::{Applied, Entry, Frozen, StateMachine};
 use openraft::storage::RaftStateMachine;
 use openraft::{
     AnyError, EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, Snapshot,
@@ -23,7 +25,7 @@ use openraft::{
 
 use crate::snapshot_file::{SnapshotFile, CHUNK_BYTES};
 use crate::stats::Counters;
-use crate::sync::{self, lock};
+use crate::sync::lock;
 use crate::types::{
     LogId, Membership, Outcome, Proposal, RaftEntry, SnapshotMeta, StorageError, TypeConfig,
 };
@@ -51,6 +53,20 @@ pub(crate) enum Keep {
     MetaOnly,
 }
 
+/// Ends a freeze however its serialization ends; the undo map is freed
+/// after the lock is released.
+struct ThawOnDrop<'a> {
+    shared: &'a StateShared,
+    frozen: &'a Frozen,
+}
+
+impl Drop for ThawOnDrop<'_> {
+    fn drop(&mut self) {
+        let thawed = self.shared.write().machine.thaw(self.frozen);
+        drop(thawed);
+    }
+}
+
 /// Shared by the raft state machine worker, snapshot builders and readers.
 pub(crate) struct StateShared {
     state: RwLock<AppliedState>,
@@ -63,6 +79,9 @@ pub(crate) struct StateShared {
     /// Meta of the newest snapshot written or installed.
     current: Mutex<Option<SnapshotMeta>>,
     keep: Keep,
+    /// States of at least this many keys are snapshotted piecewise (see
+    /// [`mqkv_store::Frozen`]).
+    piecewise_keys: usize,
 }
 
 impl StateShared {
@@ -72,6 +91,7 @@ impl StateShared {
         startup_snapshot: Option<(SnapshotMeta, Vec<u8>)>,
         counters: Arc<Counters>,
         keep: Keep,
+        piecewise_keys: usize,
     ) -> StateShared {
         let current = startup_snapshot.as_ref().map(|(meta, _)| meta.clone());
         if let Some((_, data)) = &startup_snapshot {
@@ -85,15 +105,16 @@ impl StateShared {
             counters,
             current: Mutex::new(current),
             keep,
+            piecewise_keys,
         }
     }
 
     pub(crate) fn read(&self) -> RwLockReadGuard<'_, AppliedState> {
-        sync::read(&self.state)
+        self.state.read()
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, AppliedState> {
-        sync::write(&self.state)
+        self.state.write()
     }
 
     /// Starts calling `hook` for entries applied from now on.
@@ -127,14 +148,52 @@ impl StateShared {
     }
 
     /// Serializes the applied state into `flavor`, with the meta describing
-    /// it. Apply waits meanwhile (and so may readers queued behind it),
-    /// unless a copy is much quicker to take than the bytes: then only for
-    /// the copy.
+    /// it. A state of many keys is frozen and serialized a piece at a time,
+    /// apply going on between the pieces; otherwise apply waits meanwhile
+    /// (and so may readers queued behind it), unless a copy is much quicker
+    /// to take than the bytes: then only for the copy.
     fn serialize_into<F: postcard::ser_flavors::Flavor>(
         &self,
         flavor: F,
     ) -> Result<(SnapshotMeta, F::Output), Failure> {
-        let state = self.read();
+        let freeze = {
+            let state = self.read();
+            state.machine.len() >= self.piecewise_keys && !state.machine.is_frozen()
+        };
+        let state = if freeze {
+            let mut state = self.write();
+            let meta = self.meta_of(&state);
+            let frozen = state
+                .machine
+                .freeze()
+                .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+            if let Some(frozen) = frozen {
+                drop(state);
+                let _thaw = ThawOnDrop {
+                    shared: self,
+                    frozen: &frozen,
+                };
+                // Each piece hands the lock straight to a writer waiting for it: released
+                // plainly, it would be read-locked again for the next piece before the woken
+                // writer got to run, and apply would wait for the whole walk.
+                let read = |f: &mut dyn FnMut(&StateMachine)| {
+                    let state = self.read();
+                    f(&state.machine);
+                    RwLockReadGuard::unlock_fair(state);
+                };
+                let output = frozen
+                    .snapshot(&read)
+                    .write(flavor)
+                    .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+                Counters::add(&self.counters.snapshots_piecewise, 1);
+                return Ok((meta, output));
+            }
+            // Another snapshot is being taken piecewise: this one goes as a small one would.
+            drop(state);
+            self.read()
+        } else {
+            self.read()
+        };
         let meta = self.meta_of(&state);
         let output = if state.machine.snapshot_copy_pays() {
             let copy = state.machine.snapshot_copy();

@@ -17,6 +17,9 @@ pub struct StoreStats {
     pub log_len: u64,
     /// Snapshots written to the state file since the store was opened.
     pub snapshots_built: u64,
+    /// Snapshots serialized piecewise (see [`crate::NodeOptions::piecewise_snapshot_keys`])
+    /// since the store was opened, whether built or sent.
+    pub snapshots_piecewise: u64,
     /// Index of the last entry the latest snapshot covers.
     pub snapshot_index: Option<u64>,
     /// Index of the last applied entry.
@@ -28,6 +31,7 @@ pub(crate) struct Counters {
     pub(crate) log_commits: AtomicU64,
     pub(crate) log_entries_written: AtomicU64,
     pub(crate) snapshots_built: AtomicU64,
+    pub(crate) snapshots_piecewise: AtomicU64,
     /// Encoded bytes of log entries written since the latest snapshot.
     pub(crate) log_bytes_since_snapshot: AtomicU64,
     /// Encoded size of the latest snapshot.

@@ -410,6 +410,48 @@ async fn a_snapshot_of_large_values_restores_exactly() {
     node.shutdown().await.unwrap();
 }
 
+/// A state of many keys is snapshotted piecewise while writes go on (SETs,
+/// DELs, new keys, keys with deadlines): what it restores must be exactly the
+/// state at the index it names, and the log after it replays onto that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piecewise_snapshot_restores_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = NodeOptions {
+        snapshot_every: 7,
+        logs_kept_after_snapshot: 0,
+        piecewise_snapshot_keys: 8,
+        ..NodeOptions::default()
+    };
+    let mut direct = StateMachine::new(config());
+    let (node, _) = open(dir.path(), options.clone()).await;
+    for i in 0..240u64 {
+        let key = format!("k{:03}", (i * 37) % 97);
+        let entry = match i % 6 {
+            0 => request(
+                T0 + i,
+                Command::Del { key: b(&key) },
+                None,
+                dedup(T0 + i, &key),
+            ),
+            1 => set_with(T0 + i, &key, "expiring", None, Some(3_600_000)),
+            _ => set(T0 + i, &key, &format!("v{i}")),
+        };
+        write_both(&node, &mut direct, entry).await;
+    }
+    wait_for_snapshot(&node).await;
+    let stats = node.stats();
+    assert!(stats.snapshots_piecewise > 0, "{stats:?}");
+    node.shutdown().await.unwrap();
+    let (node, _) = open(dir.path(), options).await;
+    let stats = node.stats();
+    assert!(
+        stats.snapshot_index.is_some_and(|i| i > 0),
+        "restored from a snapshot: {stats:?}"
+    );
+    assert_eq!(snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_values_trigger_snapshots_before_the_entry_count_does() {
     let dir = tempfile::tempdir().unwrap();

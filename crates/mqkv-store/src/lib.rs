@@ -23,6 +23,7 @@
 //! | `quota` | `max_keys` / `max_bytes` are never exceeded |
 //! | `dedup` | a redelivered write gets its first answer |
 //! | `snapshot` | serialize + deserialize gives an equal machine |
+//! | `freeze` | a snapshot taken piecewise holds the state of one moment |
 
 mod config;
 mod dedup;
@@ -30,6 +31,7 @@ mod del;
 mod entry;
 mod expire;
 mod fencing;
+mod freeze;
 mod get;
 mod machine;
 mod quota;
@@ -42,6 +44,7 @@ mod vdel;
 pub use config::{StoreConfig, DEFAULT_SCAN_PAGE_SIZE};
 pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENTION_MS};
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};
+pub use freeze::{Frozen, FrozenSnapshot, FrozenStep, Thawed, FROZEN_PIECE};
 pub use machine::StateMachine;
 pub use scan::SCAN_TOKEN_PREFIX;
 pub use snapshot::{SnapshotCopy, SNAPSHOT_FORMAT};

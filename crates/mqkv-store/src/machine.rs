@@ -3,6 +3,8 @@
 //!
 //! Invariants (kept by routing every change through [`StateMachine::insert`]
 //! and [`StateMachine::remove`]):
+//! - during a freeze, a key's state at the freeze is recorded before its
+//!   first change (see `freeze`);
 //! - the expiry index holds exactly one `(deadline, key)` for every key that
 //!   has a deadline, and nothing else;
 //! - `stored_bytes` is the sum of key and value lengths over all keys;
@@ -18,6 +20,7 @@ use mqkv_protocol::{Command, ErrorKind, Hlc, HlcClock, Response};
 use serde::{Deserialize, Serialize};
 
 use crate::dedup::DedupTable;
+use crate::freeze::FreezeSlot;
 use crate::set::SetArgs;
 use crate::{validate, Applied, ChangeEvent, ChangeKind, Entry, Op, Request, StoreConfig};
 
@@ -70,6 +73,8 @@ pub struct StateMachine {
     pub(crate) expiry: BTreeSet<(u64, Key)>,
     pub(crate) stored_bytes: u64,
     pub(crate) dedup: DedupTable,
+    /// The undo map of a snapshot being taken piecewise (see `freeze`).
+    pub(crate) frozen: FreezeSlot,
 }
 
 impl StateMachine {
@@ -83,6 +88,7 @@ impl StateMachine {
             expiry: BTreeSet::new(),
             stored_bytes: 0,
             dedup: DedupTable::default(),
+            frozen: FreezeSlot::default(),
         }
     }
 
@@ -100,6 +106,7 @@ impl StateMachine {
             expiry: BTreeSet::new(),
             stored_bytes: 0,
             dedup,
+            frozen: FreezeSlot::default(),
         };
         let own_node = machine.clock.current().node_id;
         for (key, mut record) in keys {
@@ -294,6 +301,7 @@ impl StateMachine {
                 self.expiry.insert((deadline.get(), owned));
             }
         }
+        self.frozen.before_change(key, || Some(Record::clone(old)));
         self.stored_bytes -= footprint(key, &old.value);
         self.stored_bytes += footprint(key, &record.value);
         **old = record;
@@ -301,6 +309,7 @@ impl StateMachine {
     }
 
     fn insert_new(&mut self, key: Key, record: Record) {
+        self.frozen.before_change(&key, || None);
         if let Some(deadline) = record.expires_at_ms {
             self.expiry.insert((deadline.get(), key.clone()));
         }
@@ -311,6 +320,8 @@ impl StateMachine {
     /// Removes a key with its indexes.
     pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Box<Record>> {
         let (key, old) = self.keys.remove_entry(key)?;
+        self.frozen
+            .before_change(&key, || Some(Record::clone(&old)));
         self.forget_indexes(&key, &old);
         Some(old)
     }
