@@ -144,66 +144,82 @@ impl StateShared {
         // load: 90-100 ms; sized, 10-30 ms).
         let hint = self.read().machine.snapshot_size_hint();
         let buffer = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
-        self.serialize_into(postcard::ser_flavors::ExtendFlavor::new(buffer))
+        let buffer = std::cell::Cell::new(Some(buffer));
+        self.serialize_into(|| {
+            postcard::ser_flavors::ExtendFlavor::new(buffer.take().unwrap_or_default())
+        })
     }
 
-    /// Serializes the applied state into `flavor`, with the meta describing
-    /// it. A state of many keys is frozen and serialized a piece at a time,
-    /// apply going on between the pieces; otherwise apply waits meanwhile
-    /// (and so may readers queued behind it), unless a copy is much quicker
-    /// to take than the bytes: then only for the copy.
+    /// Serializes the applied state into a flavor from `flavor`, with the
+    /// meta describing it. A state of many keys is frozen and serialized a
+    /// piece at a time, apply going on between the pieces; otherwise apply
+    /// waits meanwhile (and so may readers queued behind it), unless a copy
+    /// is much quicker to take than the bytes: then only for the copy.
     fn serialize_into<F: postcard::ser_flavors::Flavor>(
         &self,
-        flavor: F,
+        flavor: impl Fn() -> F,
     ) -> Result<(SnapshotMeta, F::Output), Failure> {
-        let freeze = {
+        let piecewise = {
             let state = self.read();
             state.machine.len() >= self.piecewise_keys && !state.machine.is_frozen()
         };
-        let state = if freeze {
-            let mut state = self.write();
-            let meta = self.meta_of(&state);
-            let frozen = state
-                .machine
-                .freeze()
-                .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
-            if let Some(frozen) = frozen {
-                drop(state);
-                let _thaw = ThawOnDrop {
-                    shared: self,
-                    frozen: &frozen,
-                };
-                // Each piece hands the lock straight to a writer waiting for it: released
-                // plainly, it would be read-locked again for the next piece before the woken
-                // writer got to run, and apply would wait for the whole walk.
-                let read = |f: &mut dyn FnMut(&StateMachine)| {
-                    let state = self.read();
-                    f(&state.machine);
-                    RwLockReadGuard::unlock_fair(state);
-                };
-                let output = frozen
-                    .snapshot(&read)
-                    .write(flavor)
-                    .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
-                Counters::add(&self.counters.snapshots_piecewise, 1);
-                return Ok((meta, output));
+        if piecewise {
+            match self.serialize_frozen(flavor()) {
+                Some(Ok(done)) => return Ok(done),
+                // The state was replaced (a snapshot installed) during the walk: the state
+                // now is serialized instead.
+                Some(Err(e)) => tracing::warn!(error = %e.message, "piecewise snapshot abandoned"),
+                // Another snapshot is being taken piecewise: this one goes as a small one would.
+                None => {}
             }
-            // Another snapshot is being taken piecewise: this one goes as a small one would.
-            drop(state);
-            self.read()
-        } else {
-            self.read()
-        };
+        }
+        let state = self.read();
         let meta = self.meta_of(&state);
         let output = if state.machine.snapshot_copy_pays() {
             let copy = state.machine.snapshot_copy();
             drop(state);
-            postcard::serialize_with_flavor(&copy, flavor)
+            postcard::serialize_with_flavor(&copy, flavor())
         } else {
-            postcard::serialize_with_flavor(&state.machine, flavor)
+            postcard::serialize_with_flavor(&state.machine, flavor())
         }
         .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
         Ok((meta, output))
+    }
+
+    /// The piecewise snapshot of [`Self::serialize_into`]; `None` if another
+    /// one is under way.
+    fn serialize_frozen<F: postcard::ser_flavors::Flavor>(
+        &self,
+        flavor: F,
+    ) -> Option<Result<(SnapshotMeta, F::Output), Failure>> {
+        let mut state = self.write();
+        let meta = self.meta_of(&state);
+        let frozen = match state.machine.freeze() {
+            Ok(Some(frozen)) => frozen,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(Failure::new(ErrorVerb::Write, e))),
+        };
+        drop(state);
+        let _thaw = ThawOnDrop {
+            shared: self,
+            frozen: &frozen,
+        };
+        // Each piece hands the lock straight to a writer waiting for it: released plainly, it
+        // would be read-locked again for the next piece before the woken writer got to run, and
+        // apply would wait for the whole walk.
+        let read = |f: &mut dyn FnMut(&StateMachine)| {
+            let state = self.read();
+            f(&state.machine);
+            RwLockReadGuard::unlock_fair(state);
+        };
+        let output = frozen.snapshot(&read).write(flavor);
+        Some(match output {
+            Ok(output) => {
+                Counters::add(&self.counters.snapshots_piecewise, 1);
+                Ok((meta, output))
+            }
+            Err(e) => Err(Failure::new(ErrorVerb::Write, e)),
+        })
     }
 
     fn meta_of(&self, state: &AppliedState) -> SnapshotMeta {
@@ -235,7 +251,7 @@ impl StateShared {
         // Log written from here on (while the snapshot is serialized and
         // saved) is not in it and still counts towards the next one.
         let covered = Counters::get(&self.counters.log_bytes_since_snapshot);
-        let (meta, chunks) = self.serialize_into(Chunks::default())?;
+        let (meta, chunks) = self.serialize_into(Chunks::default)?;
         let (chunks, len) = (chunks.pieces, chunks.len);
         // The pieces are handed to the file one by one and dropped there, so
         // the serialized state shrinks as the file's transaction grows.
@@ -371,6 +387,7 @@ fn snapshot(meta: SnapshotMeta, data: Vec<u8>) -> Snapshot<TypeConfig> {
 
 /// A failure of the state file, kept small until it crosses into openraft
 /// (whose error type is large).
+#[derive(Debug)]
 struct Failure {
     verb: ErrorVerb,
     message: String,
@@ -514,6 +531,83 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mqkv_protocol::{Command, Hlc};
+    use mqkv_store::{Op, Request, StoreConfig};
+
+    /// A state of `keys` keys, snapshotted piecewise from 8 keys on.
+    fn shared(dir: &tempfile::TempDir, keys: u64) -> StateShared {
+        let mut machine = StateMachine::new(StoreConfig::new("srv"));
+        for i in 0..keys {
+            machine.apply(&Entry {
+                now_ms: 1_000 + i,
+                op: Op::Request(Request {
+                    command: Command::Set {
+                        key: format!("k{i:03}").into_bytes().into(),
+                        value: format!("v{i}").into_bytes().into(),
+                        condition: None,
+                        px_ms: None,
+                    },
+                    ts: Some(Hlc::new(1_000 + i, 0, "client")),
+                    ft: None,
+                    dedup: None,
+                }),
+            });
+        }
+        let path = dir.path().join("state.redb");
+        let db = redb::Database::create(&path).expect("create");
+        let state = AppliedState {
+            machine,
+            last_applied: None,
+            membership: Membership::default(),
+        };
+        StateShared::new(
+            state,
+            SnapshotFile::new(db, path),
+            None,
+            Arc::default(),
+            Keep::Data,
+            8,
+        )
+    }
+
+    #[test]
+    fn many_keys_are_snapshotted_piecewise_and_small_states_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let many = shared(&dir, 1_500);
+        let expected = postcard::to_stdvec(&many.read().machine).expect("plain");
+        let (_, bytes) = many.serialize().expect("piecewise");
+        assert_eq!(bytes, expected);
+        assert_eq!(Counters::get(&many.counters.snapshots_piecewise), 1);
+        assert!(!many.read().machine.is_frozen(), "thawed after the walk");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let few = shared(&dir, 7);
+        let expected = postcard::to_stdvec(&few.read().machine).expect("plain");
+        assert_eq!(few.serialize().expect("whole").1, expected);
+        assert_eq!(Counters::get(&few.counters.snapshots_piecewise), 0);
+    }
+
+    /// While one piecewise snapshot is under way, another is taken whole.
+    #[test]
+    fn a_second_snapshot_during_a_walk_is_taken_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = shared(&dir, 100);
+        let expected = postcard::to_stdvec(&shared.read().machine).expect("plain");
+        let walk = shared
+            .write()
+            .machine
+            .freeze()
+            .expect("encodes")
+            .expect("not frozen yet");
+        let (_, bytes) = shared.serialize().expect("whole");
+        assert_eq!(bytes, expected);
+        assert_eq!(Counters::get(&shared.counters.snapshots_piecewise), 0);
+        assert!(
+            shared.read().machine.is_frozen(),
+            "the walk under way goes on"
+        );
+        drop(shared.write().machine.thaw(&walk));
+    }
 
     /// The pieces put together are exactly postcard's encoding, whatever
     /// the mix of single bytes and runs that cross a piece's end.
