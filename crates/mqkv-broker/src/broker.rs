@@ -286,6 +286,10 @@ async fn accept_loop(
     };
     loop {
         tokio::select! {
+            // Shutdown first: a backlog of connections must not keep the loop accepting after
+            // it, as each would join after the disconnect was sent and be waited for.
+            biased;
+            _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
@@ -299,7 +303,6 @@ async fn accept_loop(
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
-            _ = shutdown.changed() => break,
         }
     }
 }

@@ -92,14 +92,17 @@ impl Server {
         statestore::StateStoreService::start(&broker, node.clone(), notifier);
         let mut listeners = Vec::new();
         for addr in &config.listen {
-            let bound = broker
-                .listen(*addr)
-                .await
-                .map_err(|source| StartError::Listen {
-                    addr: *addr,
-                    source,
-                })?;
-            listeners.push(bound);
+            match broker.listen(*addr).await {
+                Ok(bound) => listeners.push(bound),
+                Err(source) => {
+                    // Listeners already bound stop with the broker, not with the process.
+                    broker.shutdown(Duration::ZERO).await;
+                    return Err(StartError::Listen {
+                        addr: *addr,
+                        source,
+                    });
+                }
+            }
         }
         Ok(Server {
             broker,
