@@ -156,7 +156,11 @@ impl Broker {
         let local = listener.local_addr()?;
         let listener = listener.into_std()?;
         for index in accepting_threads(self.inner.threads.len()) {
-            let listener = listener.try_clone()?;
+            // Registered here, so a thread that cannot watch the listener fails the call.
+            let listener = self
+                .inner
+                .threads
+                .listener_on(index, listener.try_clone()?)?;
             let inner = self.inner.clone();
             let shutdown = inner.shutdown.subscribe();
             self.inner
@@ -273,17 +277,10 @@ fn accepting_threads(n: usize) -> impl Iterator<Item = usize> {
 /// [`ConnThreads::place`](crate::threads::ConnThreads::place) puts it.
 async fn accept_loop(
     inner: Arc<Inner>,
-    listener: std::net::TcpListener,
+    listener: TcpListener,
     local: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let listener = match TcpListener::from_std(listener) {
-        Ok(listener) => listener,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot accept on a connection thread");
-            return;
-        }
-    };
     loop {
         tokio::select! {
             // Shutdown first: a backlog of connections must not keep the loop accepting after

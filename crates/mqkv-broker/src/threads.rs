@@ -184,6 +184,18 @@ impl ConnThreads {
     }
 
     /// Runs `task` on thread `index` (modulo the number of threads).
+    /// Registers `listener` with the poller of thread `index`, to be accepted from by a task
+    /// spawned there (see [`Self::spawn_on`]).
+    pub(crate) fn listener_on(
+        &self,
+        index: usize,
+        listener: std::net::TcpListener,
+    ) -> std::io::Result<tokio::net::TcpListener> {
+        let thread = &self.threads[index % self.threads.len()];
+        let _runtime = thread.handle.enter();
+        tokio::net::TcpListener::from_std(listener)
+    }
+
     pub(crate) fn spawn_on<Fut>(&self, index: usize, task: Fut)
     where
         Fut: Future<Output = ()> + Send + 'static,

@@ -2,7 +2,8 @@
 //! serialized a piece at a time while the store goes on changing.
 //!
 //! [`StateMachine::freeze`] notes the moment (under the caller's lock: it
-//! copies the small parts of the state, never the keys). From then on, the
+//! copies the configuration and the clock and encodes the de-duplication
+//! table, never touching the keys). From then on, the
 //! first change to each key records the key's record as it was at the
 //! freeze — or its absence — in an undo map. [`StateMachine::frozen_keys`]
 //! walks the live keys and the undo map together, in key order, and yields
@@ -103,7 +104,7 @@ pub struct Frozen {
 
 /// Where a walk of frozen keys stands after a piece.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FrozenStep {
+pub(crate) enum FrozenStep {
     /// Keys after this one remain.
     After(Box<[u8]>),
     /// Every frozen key has been yielded.
