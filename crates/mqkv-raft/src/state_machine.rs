@@ -144,7 +144,7 @@ impl StateShared {
         // load: 90-100 ms; sized, 10-30 ms).
         let hint = self.read().machine.snapshot_size_hint();
         let buffer = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
-        let buffer = std::cell::Cell::new(Some(buffer));
+        let mut buffer = Some(buffer);
         self.serialize_into(|| {
             postcard::ser_flavors::ExtendFlavor::new(buffer.take().unwrap_or_default())
         })
@@ -157,12 +157,10 @@ impl StateShared {
     /// is much quicker to take than the bytes: then only for the copy.
     fn serialize_into<F: postcard::ser_flavors::Flavor>(
         &self,
-        flavor: impl Fn() -> F,
+        mut flavor: impl FnMut() -> F,
     ) -> Result<(SnapshotMeta, F::Output), Failure> {
-        let piecewise = {
-            let state = self.read();
-            state.machine.len() >= self.piecewise_keys && !state.machine.is_frozen()
-        };
+        // Looked at under the read lock, so a small state never takes the write lock.
+        let piecewise = self.read().machine.len() >= self.piecewise_keys;
         if piecewise {
             match self.serialize_frozen(flavor()) {
                 Some(Ok(done)) => return Ok(done),

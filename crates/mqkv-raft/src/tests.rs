@@ -379,6 +379,19 @@ async fn memory_snapshots_keep_the_log_short_without_a_copy() {
     node.shutdown().await.unwrap();
 }
 
+/// Reopens the store in `dir`: it must start from a snapshot and hold exactly
+/// `direct`.
+async fn assert_restored_from_a_snapshot(dir: &Path, options: NodeOptions, direct: &StateMachine) {
+    let (node, _) = open(dir, options).await;
+    let stats = node.stats();
+    assert!(
+        stats.snapshot_index.is_some_and(|i| i > 0),
+        "restored from a snapshot: {stats:?}"
+    );
+    assert_eq!(&snapshot_of(&node), direct);
+    node.shutdown().await.unwrap();
+}
+
 /// With large values a snapshot is serialized from a copy taken under the
 /// state lock (the values shared), after the lock is released, while writes
 /// go on: what it restores must still be exactly the state it was taken at.
@@ -400,14 +413,7 @@ async fn a_snapshot_of_large_values_restores_exactly() {
     assert!(direct.snapshot_copy_pays());
     wait_for_snapshot(&node).await;
     node.shutdown().await.unwrap();
-    let (node, _) = open(dir.path(), options).await;
-    let stats = node.stats();
-    assert!(
-        stats.snapshot_index.is_some_and(|i| i > 0),
-        "restored from a snapshot: {stats:?}"
-    );
-    assert_eq!(snapshot_of(&node), direct);
-    node.shutdown().await.unwrap();
+    assert_restored_from_a_snapshot(dir.path(), options, &direct).await;
 }
 
 /// A state of many keys is snapshotted piecewise while writes go on (SETs,
@@ -442,14 +448,7 @@ async fn a_piecewise_snapshot_restores_exactly() {
     let stats = node.stats();
     assert!(stats.snapshots_piecewise > 0, "{stats:?}");
     node.shutdown().await.unwrap();
-    let (node, _) = open(dir.path(), options).await;
-    let stats = node.stats();
-    assert!(
-        stats.snapshot_index.is_some_and(|i| i > 0),
-        "restored from a snapshot: {stats:?}"
-    );
-    assert_eq!(snapshot_of(&node), direct);
-    node.shutdown().await.unwrap();
+    assert_restored_from_a_snapshot(dir.path(), options, &direct).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -35,7 +35,7 @@ use crate::{StateMachine, StoreConfig};
 
 /// Keys yielded per piece of a frozen walk: well under a millisecond of
 /// work under the caller's lock, even on a busy machine.
-pub const FROZEN_PIECE: usize = 512;
+pub(crate) const FROZEN_PIECE: usize = 512;
 
 /// Numbers freezes, so a walk can tell its own from a later one.
 static FREEZES: AtomicU64 = AtomicU64::new(1);

@@ -44,7 +44,7 @@ mod vdel;
 pub use config::{StoreConfig, DEFAULT_SCAN_PAGE_SIZE};
 pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENTION_MS};
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};
-pub use freeze::{Frozen, FrozenSnapshot, Thawed, FROZEN_PIECE};
+pub use freeze::{Frozen, FrozenSnapshot, Thawed};
 pub use machine::StateMachine;
 pub use scan::SCAN_TOKEN_PREFIX;
 pub use snapshot::{SnapshotCopy, SNAPSHOT_FORMAT};
