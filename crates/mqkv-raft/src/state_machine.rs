@@ -132,6 +132,19 @@ impl StateShared {
             .map(|id| id.index)
     }
 
+    /// Notes `meta` as the newest snapshot, unless a newer one was noted
+    /// meanwhile: a snapshot built from the state and one installed from
+    /// the leader can finish in either order.
+    fn note_current(&self, meta: &SnapshotMeta) {
+        let mut current = lock(&self.current);
+        if current
+            .as_ref()
+            .is_none_or(|noted| noted.last_log_id <= meta.last_log_id)
+        {
+            *current = Some(meta.clone());
+        }
+    }
+
     pub(crate) fn close(&self) {
         self.file.close();
         drop(lock(&self.startup_snapshot).take());
@@ -243,7 +256,7 @@ impl StateShared {
             // The log behind it may go: it no longer counts towards the
             // next snapshot.
             self.counters.snapshot_taken(0);
-            *lock(&self.current) = Some(meta.clone());
+            self.note_current(&meta);
             return Ok((meta, Vec::new()));
         }
         // Log written from here on (while the snapshot is serialized and
@@ -264,7 +277,7 @@ impl StateShared {
         if written {
             Counters::add(&self.counters.snapshots_built, 1);
             self.counters.snapshot_covers(covered, len);
-            *lock(&self.current) = Some(meta.clone());
+            self.note_current(&meta);
         }
         // openraft takes only the meta of a snapshot it asked to be built; a
         // member that needs the data gets it from `current_snapshot`, which
@@ -279,7 +292,7 @@ impl StateShared {
             .save(meta, &data)
             .map_err(|e| Failure::new(ErrorVerb::Write, e))?;
         self.counters.snapshot_taken(data.len() as u64);
-        *lock(&self.current) = Some(meta.clone());
+        self.note_current(meta);
         *self.write() = AppliedState {
             machine,
             last_applied: meta.last_log_id,
@@ -583,6 +596,30 @@ mod tests {
         let expected = postcard::to_stdvec(&few.read().machine).expect("plain");
         assert_eq!(few.serialize().expect("whole").1, expected);
         assert_eq!(Counters::get(&few.counters.snapshots_piecewise), 0);
+    }
+
+    fn meta_at(index: u64) -> SnapshotMeta {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
+            last_membership: Membership::default(),
+            snapshot_id: format!("1-{index}"),
+        }
+    }
+
+    /// A snapshot that finishes after a newer one does not become the
+    /// current one: whichever order a built and an installed snapshot end
+    /// in, the newest is what raft is offered and what the log is purged
+    /// behind.
+    #[test]
+    fn an_older_snapshot_finishing_later_does_not_replace_a_newer_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = shared(&dir, 3);
+        shared.note_current(&meta_at(20));
+        assert_eq!(shared.snapshot_index(), Some(20));
+        shared.note_current(&meta_at(12));
+        assert_eq!(shared.snapshot_index(), Some(20), "an older one came last");
+        shared.note_current(&meta_at(31));
+        assert_eq!(shared.snapshot_index(), Some(31));
     }
 
     /// While one piecewise snapshot is under way, another is taken whole.
