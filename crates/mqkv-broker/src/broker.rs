@@ -161,8 +161,10 @@ impl Broker {
                 .inner
                 .threads
                 .listener_on(index, listener.try_clone()?)?;
-            let inner = self.inner.clone();
-            let shutdown = inner.shutdown.subscribe();
+            // Weak: the loop runs on a thread `inner` owns, so a strong reference would keep
+            // a broker whose every handle was dropped accepting for ever.
+            let inner = Arc::downgrade(&self.inner);
+            let shutdown = self.inner.shutdown.subscribe();
             self.inner
                 .threads
                 .spawn_on(index, accept_loop(inner, listener, local, shutdown));
@@ -273,10 +275,11 @@ fn accepting_threads(n: usize) -> impl Iterator<Item = usize> {
     (0..k).map(move |i| i * n.max(1) / k)
 }
 
-/// Accepts connections on the connection thread it runs on until shutdown, each served where
+/// Accepts connections on the connection thread it runs on until shutdown, or until the broker
+/// is gone (every handle dropped: its shutdown sender goes with it), each served where
 /// [`ConnThreads::place`](crate::threads::ConnThreads::place) puts it.
 async fn accept_loop(
-    inner: Arc<Inner>,
+    inner: std::sync::Weak<Inner>,
     listener: TcpListener,
     local: SocketAddr,
     mut shutdown: watch::Receiver<bool>,
@@ -289,6 +292,7 @@ async fn accept_loop(
             _ = shutdown.changed() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Some(inner) = inner.upgrade() else { break };
                     let _ = stream.set_nodelay(true);
                     let conn_inner = inner.clone();
                     inner.threads.place(stream, move |stream| {
@@ -736,6 +740,32 @@ pub(crate) fn identity(
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A broker whose every handle is dropped without a shutdown stops accepting: its
+    /// accepting threads go with it, and so do the listeners.
+    #[tokio::test]
+    async fn a_dropped_broker_stops_listening() {
+        let broker = Broker::new(BrokerConfig::default()).expect("broker");
+        let addr = broker
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        let inner = Arc::downgrade(&broker.inner);
+        drop(broker);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_ok() {
+            assert!(
+                Instant::now() < deadline,
+                "{addr} still accepts after the broker was dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(inner.upgrade().is_none(), "nothing keeps the broker alive");
+    }
+
     #[test]
     fn a_few_threads_accept_spread_evenly() {
         let accepting = |n| super::accepting_threads(n).collect::<Vec<_>>();
