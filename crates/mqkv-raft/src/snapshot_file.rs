@@ -206,11 +206,12 @@ impl SnapshotFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::types::{LogId, Membership};
 
-    fn meta(index: u64) -> SnapshotMeta {
+    /// The meta of a snapshot up to entry `index`.
+    pub(crate) fn meta(index: u64) -> SnapshotMeta {
         SnapshotMeta {
             last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
             last_membership: Membership::default(),

@@ -542,6 +542,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::snapshot_file::tests::meta;
     use mqkv_protocol::{Command, Hlc};
     use mqkv_store::{Op, Request, StoreConfig};
 
@@ -598,14 +599,6 @@ mod tests {
         assert_eq!(Counters::get(&few.counters.snapshots_piecewise), 0);
     }
 
-    fn meta_at(index: u64) -> SnapshotMeta {
-        SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index)),
-            last_membership: Membership::default(),
-            snapshot_id: format!("1-{index}"),
-        }
-    }
-
     /// A snapshot that finishes after a newer one does not become the
     /// current one: whichever order a built and an installed snapshot end
     /// in, the newest is what raft is offered and what the log is purged
@@ -614,11 +607,11 @@ mod tests {
     fn an_older_snapshot_finishing_later_does_not_replace_a_newer_one() {
         let dir = tempfile::tempdir().expect("tempdir");
         let shared = shared(&dir, 3);
-        shared.note_current(&meta_at(20));
+        shared.note_current(&meta(20));
         assert_eq!(shared.snapshot_index(), Some(20));
-        shared.note_current(&meta_at(12));
+        shared.note_current(&meta(12));
         assert_eq!(shared.snapshot_index(), Some(20), "an older one came last");
-        shared.note_current(&meta_at(31));
+        shared.note_current(&meta(31));
         assert_eq!(shared.snapshot_index(), Some(31));
     }
 
