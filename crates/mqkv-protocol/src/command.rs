@@ -7,7 +7,7 @@
 //! - `parse_request(&cmd.encode()) == Ok(cmd)` for every command whose key
 //!   (or pattern) is non-empty and whose PX, if any, is positive.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::hlc::parse_decimal;
@@ -88,6 +88,31 @@ impl Command {
     /// Encodes the request exactly as the SDKs do: upper-case verb and
     /// options, condition before PX, PX in integer milliseconds.
     pub fn encode(&self) -> Bytes {
+        let mut out = BytesMut::with_capacity(self.encoded_len_bound());
+        self.encode_into(&mut out);
+        out.freeze()
+    }
+
+    /// At least the length of [`Command::encode`]'s output.
+    pub fn encoded_len_bound(&self) -> usize {
+        let mut bound = 0;
+        self.with_args(|args| bound = 16 + args.iter().map(|a| bulk_len(a)).sum::<usize>());
+        bound
+    }
+
+    /// Appends what [`Command::encode`] returns to `out`, which must have
+    /// room for [`Command::encoded_len_bound`] bytes if it cannot grow.
+    pub fn encode_into<B: BufMut>(&self, out: &mut B) {
+        self.with_args(|args| {
+            put_array_header(out, args.len());
+            for arg in args {
+                put_bulk(out, arg);
+            }
+        });
+    }
+
+    /// Calls `f` with the request's arguments, verb first.
+    fn with_args(&self, f: impl FnOnce(&[&[u8]])) {
         // PX is the only argument not borrowed from `self`.
         let px = match self {
             Command::Set {
@@ -144,14 +169,7 @@ impl Command {
                 }
             }
         }
-        let args = args.as_slice();
-        let size = 16 + args.iter().map(|a| bulk_len(a)).sum::<usize>();
-        let mut out = BytesMut::with_capacity(size);
-        put_array_header(&mut out, args.len());
-        for arg in args {
-            put_bulk(&mut out, arg);
-        }
-        out.freeze()
+        f(args.as_slice());
     }
 }
 
@@ -776,6 +794,18 @@ mod tests {
         #[test]
         fn encode_parse_round_trip(cmd in arb_command()) {
             prop_assert_eq!(parse_request(&cmd.encode()), Ok(cmd));
+        }
+
+        /// A buffer that cannot grow, sized by the bound, takes the whole
+        /// encoding (writing past it would panic).
+        #[test]
+        fn encode_into_a_slice_of_the_bound(cmd in arb_command()) {
+            let bound = cmd.encoded_len_bound();
+            let mut buf = vec![0u8; bound];
+            let mut rest = &mut buf[..];
+            cmd.encode_into(&mut rest);
+            let written = bound - rest.len();
+            prop_assert_eq!(&buf[..written], &cmd.encode()[..]);
         }
 
         #[test]

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BufMut;
 
 /// Why a payload does not follow the framing rules. Only used inside the
 /// crate; public parsers map it onto their own error types.
@@ -184,19 +184,19 @@ impl Decimal {
 }
 
 /// Appends `n` in decimal.
-pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
+pub(crate) fn put_decimal<B: BufMut>(out: &mut B, n: u64) {
     out.put_slice(Decimal::new(n).as_bytes());
 }
 
 /// Appends `*<n>\r\n`.
-pub(crate) fn put_array_header(out: &mut BytesMut, n: usize) {
+pub(crate) fn put_array_header<B: BufMut>(out: &mut B, n: usize) {
     out.put_u8(b'*');
     put_decimal(out, n as u64);
     out.put_slice(b"\r\n");
 }
 
 /// Appends `$<len>\r\n<bytes>\r\n`.
-pub(crate) fn put_bulk(out: &mut BytesMut, bytes: &[u8]) {
+pub(crate) fn put_bulk<B: BufMut>(out: &mut B, bytes: &[u8]) {
     out.put_u8(b'$');
     put_decimal(out, bytes.len() as u64);
     out.put_slice(b"\r\n");
@@ -212,6 +212,7 @@ pub(crate) fn bulk_len(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
 
     fn ranges_to_vecs(buf: &[u8], ranges: &[Range<usize>]) -> Vec<Vec<u8>> {
         ranges.iter().map(|r| buf[r.clone()].to_vec()).collect()

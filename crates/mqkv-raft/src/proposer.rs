@@ -148,19 +148,25 @@ async fn run(
 ) {
     while let Some(first) = next_write(&mut rx, &raft, &log_limit).await {
         wait_for_room(&raft, &log_limit).await;
+        // Entries are a few hundred bytes each: they go from the queue
+        // straight into vectors sized for the whole batch, so none is moved
+        // again by a vector growing.
+        let room = (rx.len() + 1).min(MAX_ENTRIES);
+        let mut entries = Vec::with_capacity(room);
+        let mut replies = Vec::with_capacity(room);
         let mut bytes = approximate_size(&first.entry);
-        let mut batch = vec![first];
-        while batch.len() < MAX_ENTRIES && bytes < MAX_BYTES {
+        entries.push(first.entry);
+        replies.push(first.reply);
+        while entries.len() < MAX_ENTRIES && bytes < MAX_BYTES {
             match rx.try_recv() {
                 Ok(pending) => {
                     bytes += approximate_size(&pending.entry);
-                    batch.push(pending);
+                    entries.push(pending.entry);
+                    replies.push(pending.reply);
                 }
                 Err(_) => break,
             }
         }
-        let (entries, replies): (Vec<Entry>, Vec<Reply>) =
-            batch.into_iter().map(|p| (p.entry, p.reply)).unzip();
         let result = match raft.client_write(Proposal(entries.into())).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {

@@ -335,8 +335,19 @@ impl DedupTable {
 /// replaced cost about 1 µs per KiB on the apply path). Answers remembered
 /// by a version that used FNV-1a no longer match after an upgrade: their
 /// requests, if redelivered within the retention, run again.
+///
+/// Computed on the apply path of every write, so a request whose encoding
+/// fits is encoded on the stack rather than into an allocation.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(&command.encode())
+    const ON_STACK: usize = 512;
+    if command.encoded_len_bound() > ON_STACK {
+        return xxhash_rust::xxh3::xxh3_64(&command.encode());
+    }
+    let mut buf = [0u8; ON_STACK];
+    let mut rest = &mut buf[..];
+    command.encode_into(&mut rest);
+    let written = ON_STACK - rest.len();
+    xxhash_rust::xxh3::xxh3_64(&buf[..written])
 }
 
 /// Serialized as a flat list of `((client id, correlation data), answer)`
@@ -398,6 +409,22 @@ mod tests {
         let get = Command::Get { key: b("k") };
         assert_eq!(get.encode().as_ref(), b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n");
         assert_eq!(fingerprint(&get), PINNED_GET_K);
+    }
+
+    /// Small requests are encoded on the stack and large ones into an
+    /// allocation; both must give the hash of the wire encoding.
+    #[test]
+    fn fingerprint_is_the_hash_of_the_encoding_at_every_size() {
+        for len in [
+            0, 1, 400, 460, 470, 480, 487, 488, 489, 500, 511, 512, 513, 4096,
+        ] {
+            let command = set_cmd("k", &"v".repeat(len), None, Some(1_000));
+            assert_eq!(
+                fingerprint(&command),
+                xxhash_rust::xxh3::xxh3_64(&command.encode()),
+                "value of {len} bytes"
+            );
+        }
     }
 
     #[test]
