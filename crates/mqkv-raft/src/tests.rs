@@ -91,6 +91,16 @@ fn small_snapshots() -> NodeOptions {
     }
 }
 
+/// A snapshot every 7 entries and no log kept behind it: a restart restores
+/// from a snapshot taken while the writes went on.
+fn frequent_snapshots() -> NodeOptions {
+    NodeOptions {
+        snapshot_every: 7,
+        logs_kept_after_snapshot: 0,
+        ..NodeOptions::default()
+    }
+}
+
 async fn open(dir: &Path, options: NodeOptions) -> (StoreNode, Recorder) {
     let recorder = Recorder::default();
     let node = StoreNode::open_disk_with(dir, config(), recorder.hook(), options)
@@ -398,11 +408,7 @@ async fn assert_restored_from_a_snapshot(dir: &Path, options: NodeOptions, direc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_of_large_values_restores_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let options = NodeOptions {
-        snapshot_every: 7,
-        logs_kept_after_snapshot: 0,
-        ..NodeOptions::default()
-    };
+    let options = frequent_snapshots();
     let mut direct = StateMachine::new(config());
     let (node, _) = open(dir.path(), options.clone()).await;
     for i in 0..60u64 {
@@ -423,10 +429,8 @@ async fn a_snapshot_of_large_values_restores_exactly() {
 async fn a_piecewise_snapshot_restores_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let options = NodeOptions {
-        snapshot_every: 7,
-        logs_kept_after_snapshot: 0,
         piecewise_snapshot_keys: 8,
-        ..NodeOptions::default()
+        ..frequent_snapshots()
     };
     let mut direct = StateMachine::new(config());
     let (node, _) = open(dir.path(), options.clone()).await;
