@@ -359,7 +359,7 @@ impl StateStoreService {
                     .expiry
                     .map_or(DEFAULT_DEDUP_WINDOW_MS, |s| u64::from(s) * 1000);
                 request.dedup = Some(DedupId {
-                    client_id: p.from.client_id.to_string(),
+                    client_id: Arc::clone(&p.from.client_id),
                     correlation: reply.correlation.clone(),
                     expires_at_ms: now.saturating_add(window),
                 });

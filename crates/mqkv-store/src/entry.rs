@@ -6,6 +6,8 @@
 //! it reads no clock and no randomness and every replica computes the same
 //! outcome.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use mqkv_protocol::{Command, ErrorKind, Hlc, Notification, Response};
 use serde::{Deserialize, Serialize};
@@ -75,8 +77,10 @@ impl Request {
 /// correlation data within the request's message expiry is the same request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DedupId {
-    /// Invoker identity (`__srcId`, or the connection's client id).
-    pub client_id: String,
+    /// Invoker identity (`__srcId`, or the connection's client id), shared
+    /// with the connection rather than copied for every request. Encoded as
+    /// a string.
+    pub client_id: Arc<str>,
     /// MQTT correlation data, compared as opaque bytes.
     pub correlation: Bytes,
     /// When the request's message expiry runs out (Unix ms); no redelivery
@@ -170,5 +174,32 @@ mod tests {
             ..set
         };
         assert_eq!(delete.notification(), Notification::Delete);
+    }
+
+    /// The identity as logs and snapshots of earlier versions hold it, with
+    /// the client id as an owned string.
+    #[derive(Serialize, Deserialize)]
+    struct OwnedDedupId {
+        client_id: String,
+        correlation: Bytes,
+        expires_at_ms: u64,
+    }
+
+    #[test]
+    fn dedup_id_encodes_as_with_an_owned_client_id() {
+        let shared = DedupId {
+            client_id: Arc::from("client-\u{e9}"),
+            correlation: Bytes::from_static(b"\x00\x01corr"),
+            expires_at_ms: 1_700_000_000_123,
+        };
+        let owned = OwnedDedupId {
+            client_id: "client-\u{e9}".to_owned(),
+            correlation: Bytes::from_static(b"\x00\x01corr"),
+            expires_at_ms: 1_700_000_000_123,
+        };
+        let written = postcard::to_allocvec(&owned).expect("encode");
+        assert_eq!(postcard::to_allocvec(&shared).expect("encode"), written);
+        let read: DedupId = postcard::from_bytes(&written).expect("decode");
+        assert_eq!(read, shared);
     }
 }

@@ -13,10 +13,16 @@ use crate::machine::footprint;
 use crate::{ChangeEvent, StateMachine};
 
 impl StateMachine {
-    /// Would storing `key = value` stay within the quotas?
-    pub(crate) fn check_quota(&self, key: &[u8], value: &[u8]) -> Result<(), ErrorKind> {
-        let old = self.keys.get(key);
-        if old.is_none() {
+    /// Would storing `key = value` stay within the quotas? `replaced` is
+    /// the footprint of the live record the write replaces, `None` for a
+    /// new key.
+    pub(crate) fn check_quota(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        replaced: Option<u64>,
+    ) -> Result<(), ErrorKind> {
+        if replaced.is_none() {
             if let Some(max_keys) = self.config.max_keys {
                 if self.keys.len() as u64 >= max_keys {
                     return Err(ErrorKind::QuotaExceeded);
@@ -24,8 +30,7 @@ impl StateMachine {
             }
         }
         if let Some(max_bytes) = self.config.max_bytes {
-            let freed = old.map_or(0, |r| footprint(key, &r.value));
-            let after = self.stored_bytes - freed + footprint(key, value);
+            let after = self.stored_bytes - replaced.unwrap_or(0) + footprint(key, value);
             if after > max_bytes && after > self.stored_bytes {
                 return Err(ErrorKind::QuotaExceeded);
             }
@@ -36,17 +41,20 @@ impl StateMachine {
     /// Like [`StateMachine::check_quota`], but keys already past their
     /// deadline are absent for every command, so they must not be what
     /// refuses a write: remove them (reporting each deletion) and retry.
+    /// The record `replaced` describes is live at `now`, so it is not one
+    /// of them.
     pub(crate) fn check_quota_making_room(
         &mut self,
         key: &[u8],
         value: &[u8],
+        replaced: Option<u64>,
         now: u64,
         events: &mut Vec<ChangeEvent>,
     ) -> Result<(), ErrorKind> {
-        let first = self.check_quota(key, value);
+        let first = self.check_quota(key, value, replaced);
         if first.is_err() && self.next_expiry_ms().is_some_and(|d| d <= now) {
             self.expire_due_into(now, events);
-            return self.check_quota(key, value);
+            return self.check_quota(key, value, replaced);
         }
         first
     }

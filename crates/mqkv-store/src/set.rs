@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
 
-use crate::machine::Record;
+use crate::machine::{footprint, Record};
 use crate::{fencing, Applied, ChangeEvent, ChangeKind, Request, StateMachine};
 
 /// The arguments of one SET, borrowed from its command.
@@ -32,7 +32,6 @@ pub(crate) struct SetArgs<'a> {
 impl StateMachine {
     pub(crate) fn apply_set(&mut self, request: &Request, set: &SetArgs<'_>, now: u64) -> Applied {
         let mut events = Vec::new();
-        self.purge_if_expired(set.key, now, &mut events);
         let (response, version) = match self.try_set(request, set, now, &mut events) {
             Ok(answer) => answer,
             Err(kind) => (Response::Error(kind), None),
@@ -57,8 +56,14 @@ impl StateMachine {
             condition,
             px_ms,
         } = *set;
-        // After the purge above, a stored record is a live one.
-        let existing = self.keys.get(&key[..]);
+        // One walk of the key tree serves the checks below. A record past
+        // its deadline is absent for every command: it is purged (reporting
+        // the deletion) and the key treated as free.
+        let mut existing = self.keys.get(&key[..]);
+        if existing.is_some_and(|r| !r.is_live(now)) {
+            self.delete_with_event(key, now, None, events);
+            existing = None;
+        }
         let stored_token = existing.and_then(|r| r.fencing_token.as_deref());
         fencing::check(stored_token, request.ft.as_ref())?;
 
@@ -74,7 +79,8 @@ impl StateMachine {
         }
 
         let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
-        self.check_quota_making_room(key, value, now, events)?;
+        let replaced = existing.map(|r| footprint(key, &r.value));
+        self.check_quota_making_room(key, value, replaced, now, events)?;
 
         let version = self.clock.next_version(now, request.ts.as_ref());
         self.insert(
