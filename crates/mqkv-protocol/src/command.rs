@@ -211,7 +211,8 @@ pub fn parse_request_bytes(payload: &Bytes) -> Result<Command, ErrorKind> {
     let mut args = ranges.into_iter().map(|range| payload.slice(range));
     // `whole_bulk_array` refuses empty arrays, so the verb is present.
     let verb = args.next().ok_or(ErrorKind::SyntaxError)?;
-    let args: Vec<Bytes> = args.collect();
+    // The arguments are taken straight from the ranges, not gathered into a
+    // vector of their own first.
     match Verb::parse(&verb)? {
         Verb::Set => parse_set(args),
         Verb::Get => one_key(args).map(|key| Command::Get { key }),
@@ -259,25 +260,24 @@ fn non_empty(key: Bytes) -> Result<Bytes, ErrorKind> {
     }
 }
 
-fn one_key(args: Vec<Bytes>) -> Result<Bytes, ErrorKind> {
-    match <[Bytes; 1]>::try_from(args) {
-        Ok([key]) => non_empty(key),
-        Err(_) => Err(ErrorKind::WrongNumberOfArguments),
+fn one_key(mut args: impl Iterator<Item = Bytes>) -> Result<Bytes, ErrorKind> {
+    match (args.next(), args.next()) {
+        (Some(key), None) => non_empty(key),
+        _ => Err(ErrorKind::WrongNumberOfArguments),
     }
 }
 
-fn parse_vdel(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
-    match <[Bytes; 2]>::try_from(args) {
-        Ok([key, value]) => Ok(Command::VDel {
+fn parse_vdel(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
+    match (args.next(), args.next(), args.next()) {
+        (Some(key), Some(value), None) => Ok(Command::VDel {
             key: non_empty(key)?,
             value,
         }),
-        Err(_) => Err(ErrorKind::WrongNumberOfArguments),
+        _ => Err(ErrorKind::WrongNumberOfArguments),
     }
 }
 
-fn parse_keynotify(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
-    let mut args = args.into_iter();
+fn parse_keynotify(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
     let (Some(key), option, None) = (args.next(), args.next(), args.next()) else {
         return Err(ErrorKind::WrongNumberOfArguments);
     };
@@ -290,8 +290,7 @@ fn parse_keynotify(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
     Ok(Command::KeyNotify { key, stop })
 }
 
-fn parse_scan(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
-    let mut args = args.into_iter();
+fn parse_scan(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
     let (Some(pattern), token, None) = (args.next(), args.next(), args.next()) else {
         return Err(ErrorKind::WrongNumberOfArguments);
     };
@@ -304,8 +303,7 @@ fn parse_scan(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
 /// `SET key value` followed by options in any order (Redis accepts any
 /// order, the SDKs send condition then PX). Each option at most once; NX
 /// and NEX exclude each other.
-fn parse_set(args: Vec<Bytes>) -> Result<Command, ErrorKind> {
-    let mut args = args.into_iter();
+fn parse_set(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
     let (Some(key), Some(value)) = (args.next(), args.next()) else {
         return Err(ErrorKind::WrongNumberOfArguments);
     };

@@ -435,6 +435,12 @@ mod tests {
         }
 
         #[test]
+        fn text_is_the_sdk_layout(hlc in arb_hlc()) {
+            let layout = format!("{:015}:{:05}:{}", hlc.wall_ms, hlc.counter, hlc.node_id);
+            prop_assert_eq!(hlc.to_text(), layout);
+        }
+
+        #[test]
         fn order_matches_tuple_order(a in arb_hlc(), b in arb_hlc()) {
             let ta = (a.wall_ms, a.counter, a.node_id.as_bytes());
             let tb = (b.wall_ms, b.counter, b.node_id.as_bytes());
