@@ -14,6 +14,26 @@ use azure_iot_operations_services::state_store::{ServiceError, SetOptions};
 
 use support::*;
 
+/// The lease `name` as `client` sees it, held under the client's id.
+fn lease_of(client: &AioClient, name: &[u8]) -> lease::Client {
+    lease::Client::new(
+        client.state_store.clone(),
+        name.to_vec(),
+        client.id.clone().into_bytes(),
+    )
+    .unwrap()
+}
+
+/// The lock `name` as `client` sees it, held under the client's id.
+fn lock_of(client: &AioClient, name: &[u8]) -> lock::Client {
+    lock::Client::new(
+        client.state_store.clone(),
+        name.to_vec(),
+        client.id.clone().into_bytes(),
+    )
+    .unwrap()
+}
+
 #[track_caller]
 fn assert_lease_already_held(r: Result<impl std::fmt::Debug, leased_lock::Error>) {
     match r {
@@ -33,7 +53,11 @@ const RENEWED_EXPIRY: Duration = Duration::from_secs(3);
 /// for half a renewal period after it; returns how many SETs it saw. The SDK stops a renewal
 /// task that is asleep when the lease is released; one caught in the middle of its request
 /// goes on renewing, so a release must come between renewals, not race one.
-async fn between_renewals(obs: &mut leased_lock::LeaseObservation, name: &[u8], holder: &[u8]) -> usize {
+async fn between_renewals(
+    obs: &mut leased_lock::LeaseObservation,
+    name: &[u8],
+    holder: &[u8],
+) -> usize {
     let mut sets = 0;
     while let Ok(Some((n, _))) =
         tokio::time::timeout(Duration::from_millis(100), obs.recv_notification()).await
@@ -56,18 +80,8 @@ async fn lease_acquire_renew_release_and_holder() {
     let a = AioClient::connect(&server, &client_id("lease", "a")).await;
     let b = AioClient::connect(&server, &client_id("lease", "b")).await;
     let name = b"lease/one".to_vec();
-    let lease_a = lease::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lease_b = lease::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lease_a = lease_of(&a, &name);
+    let lease_b = lease_of(&b, &name);
 
     assert_eq!(
         lease_a.get_holder(TIMEOUT).await.unwrap(),
@@ -163,18 +177,8 @@ async fn lease_expires_and_observer_sees_delete() {
     let a = AioClient::connect(&server, &client_id("leaseexp", "a")).await;
     let b = AioClient::connect(&server, &client_id("leaseexp", "b")).await;
     let name = b"lease/expiring".to_vec();
-    let lease_a = lease::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lease_b = lease::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lease_a = lease_of(&a, &name);
+    let lease_b = lease_of(&b, &name);
 
     let mut obs = lease_b.observe(TIMEOUT).await.expect("observe the lease");
     let acquired = Instant::now();
@@ -223,18 +227,8 @@ async fn lease_auto_renewal_keeps_it_held() {
     let a = AioClient::connect(&server, &client_id("leaserenew", "a")).await;
     let b = AioClient::connect(&server, &client_id("leaserenew", "b")).await;
     let name = b"lease/renewed".to_vec();
-    let lease_a = lease::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lease_b = lease::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lease_a = lease_of(&a, &name);
+    let lease_b = lease_of(&b, &name);
 
     let mut obs = lease_b.observe(TIMEOUT).await.unwrap();
     let t1 = lease_a
@@ -286,18 +280,8 @@ async fn lease_fencing_token_guards_protected_key() {
     let b = AioClient::connect(&server, &client_id("leasefence", "b")).await;
     let name = b"lease/fence".to_vec();
     let protected = b"lease/fence/protected".to_vec();
-    let lease_a = lease::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lease_b = lease::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lease_a = lease_of(&a, &name);
+    let lease_b = lease_of(&b, &name);
 
     let ta = lease_a
         .acquire(Duration::from_secs(10), TIMEOUT, None)
@@ -436,18 +420,8 @@ async fn lock_waiter_acquires_after_release() {
     let b = AioClient::connect(&server, &client_id("lockrel", "b")).await;
     let name = b"lock/released".to_vec();
     let protected = b"lock/released/data".to_vec();
-    let lock_a = lock::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lock_b = lock::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lock_a = lock_of(&a, &name);
+    let lock_b = lock_of(&b, &name);
 
     let ta = lock_a
         .lock(Duration::from_secs(20), TIMEOUT, None)
@@ -559,18 +533,8 @@ async fn lock_waiter_acquires_after_expiry() {
     let a = AioClient::connect(&server, &client_id("lockexp", "a")).await;
     let b = AioClient::connect(&server, &client_id("lockexp", "b")).await;
     let name = b"lock/expiring".to_vec();
-    let lock_a = lock::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lock_b = lock::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lock_a = lock_of(&a, &name);
+    let lock_b = lock_of(&b, &name);
 
     let locked = Instant::now();
     let ta = lock_a
@@ -616,27 +580,12 @@ async fn lock_auto_renewal_blocks_waiter_until_unlock() {
     let a = AioClient::connect(&server, &client_id("lockrenew", "a")).await;
     let b = AioClient::connect(&server, &client_id("lockrenew", "b")).await;
     let name = b"lock/renewed".to_vec();
-    let lock_a = lock::Client::new(
-        a.state_store.clone(),
-        name.clone(),
-        a.id.clone().into_bytes(),
-    )
-    .unwrap();
-    let lock_b = lock::Client::new(
-        b.state_store.clone(),
-        name.clone(),
-        b.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let lock_a = lock_of(&a, &name);
+    let lock_b = lock_of(&b, &name);
 
     // A third session watches the lock's key, to time the unlock between renewals.
     let c = AioClient::connect(&server, &client_id("lockrenew", "c")).await;
-    let watch = lease::Client::new(
-        c.state_store.clone(),
-        name.clone(),
-        c.id.clone().into_bytes(),
-    )
-    .unwrap();
+    let watch = lease_of(&c, &name);
     let mut obs = watch.observe(TIMEOUT).await.unwrap();
 
     let ta = lock_a
@@ -658,7 +607,10 @@ async fn lock_auto_renewal_blocks_waiter_until_unlock() {
         .expect("A still holds the lock");
     assert_later(&renewed, &ta, "auto-renewed lock token");
     let sets = between_renewals(&mut obs, &name, a.id.as_bytes()).await;
-    assert!(sets >= 5, "the lock and at least 4 renewals, saw {sets} SETs");
+    assert!(
+        sets >= 5,
+        "the lock and at least 4 renewals, saw {sets} SETs"
+    );
     let renewed = lock_a
         .current_lock_fencing_token()
         .expect("A still holds the lock");
