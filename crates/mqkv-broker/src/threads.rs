@@ -183,7 +183,11 @@ impl ConnThreads {
         self.threads.len()
     }
 
-    /// Runs `task` on thread `index` (modulo the number of threads).
+    /// Thread `index`, modulo the number of threads.
+    fn thread(&self, index: usize) -> &ConnThread {
+        &self.threads[index % self.threads.len()]
+    }
+
     /// Registers `listener` with the poller of thread `index`, to be accepted from by a task
     /// spawned there (see [`Self::spawn_on`]).
     pub(crate) fn listener_on(
@@ -191,17 +195,16 @@ impl ConnThreads {
         index: usize,
         listener: std::net::TcpListener,
     ) -> std::io::Result<tokio::net::TcpListener> {
-        let thread = &self.threads[index % self.threads.len()];
-        let _runtime = thread.handle.enter();
+        let _runtime = self.thread(index).handle.enter();
         tokio::net::TcpListener::from_std(listener)
     }
 
+    /// Runs `task` on thread `index` (modulo the number of threads).
     pub(crate) fn spawn_on<Fut>(&self, index: usize, task: Fut)
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let thread = &self.threads[index % self.threads.len()];
-        thread.handle.spawn(task);
+        self.thread(index).handle.spawn(task);
     }
 
     /// The least busy thread; among equals, the next in turn.
@@ -256,7 +259,7 @@ impl ConnThreads {
                 return;
             }
         };
-        let thread = &self.threads[index % self.threads.len()];
+        let thread = self.thread(index);
         let live = Live::new(&thread.live);
         thread.handle.spawn(async move {
             let _live = live;
