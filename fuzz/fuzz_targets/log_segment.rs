@@ -11,11 +11,17 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    // Half the inputs get a valid header, so the frames behind it are reached.
+    // Half the inputs get a valid header, so the frames behind it are reached,
+    // in the current format or the previous one (payloads not masked).
     let mut bytes = Vec::with_capacity(rest.len() + 16);
     if selector & 1 == 1 {
+        let format: u64 = if selector & 4 == 4 {
+            1
+        } else {
+            mqkv_raft::LOG_FORMAT
+        };
         bytes.extend_from_slice(b"MQKVLOG\n");
-        bytes.extend_from_slice(&mqkv_raft::LOG_FORMAT.to_le_bytes());
+        bytes.extend_from_slice(&format.to_le_bytes());
     }
     bytes.extend_from_slice(rest);
     let newest = selector & 2 == 2;

@@ -65,8 +65,9 @@
 //! length) and a directory another process has open are refused with an
 //! [`OpenError`] naming the file; nothing is written to the refused file and
 //! no file is created next to it. The one damage that is repaired is the one
-//! a crash leaves: an incomplete record at the very end of the newest log
-//! segment, which no acknowledged write can be in.
+//! a crash or a power loss leaves: the damaged records of an interrupted
+//! write at the very end of the newest log segment, which no acknowledged
+//! write can be in (see the log's format in `log_file`).
 //!
 //! The apply hook is installed only after recovery: entries replayed from
 //! the log at startup never reach it.

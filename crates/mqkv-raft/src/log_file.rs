@@ -10,7 +10,11 @@
 //! A segment starts with a 16-byte header (magic, [`LOG_FORMAT`], zero
 //! padding) followed by frames. A frame is
 //! `[payload length: u32][check of the length: u32][XXH3-64 of the payload: u64][payload]`
-//! (little endian), and its payload is one postcard-encoded [`Record`]. The
+//! (little endian), and its payload is one postcard-encoded [`Record`],
+//! masked: XORed with a pseudo-random stream of its offset in the segment
+//! (see [`mask`]), so that the log never holds a run of zero bytes. The
+//! previous format (1) stored payloads unmasked; its segments are still read
+//! and appended to, and new segments are started in the current format. The
 //! first record of every segment is a [`Record::Start`] with the node id and
 //! the vote, committed and purged log ids as they stood when the segment
 //! was opened, so older segments can be deleted without losing them.
@@ -22,8 +26,13 @@
 //! Invariants:
 //! - a segment appears under its final name only once its header and start
 //!   record are synced (it is built under `.partial` and renamed);
-//! - only the end of the newest segment can hold an incomplete frame: the
-//!   frames of a write that was interrupted. Opening cuts such a tail off.
+//! - only the end of the newest segment can hold damaged frames: those of a
+//!   write that was interrupted, never acknowledged. A crash of the process
+//!   leaves them incomplete; a power loss can also keep some of the write's
+//!   blocks and lose others, which then read as the zeros allocated ahead.
+//!   Opening cuts such a tail off at its first damaged frame when nothing
+//!   but zeros follows that frame, or (masked segments) when zero bytes in
+//!   a row follow it, which only space a write never reached holds.
 //!   Anything else that does not check out — a bad header, a frame whose
 //!   length or payload fails its check, a record that does not decode, a
 //!   log with a hole — is refused as corruption, and nothing is written;
@@ -46,7 +55,10 @@ use crate::OpenError;
 /// Name of the log directory inside the data directory.
 pub(crate) const LOG_DIR: &str = "raft-log";
 /// Version of the segment layout and record encoding.
-pub const LOG_FORMAT: u64 = 1;
+pub const LOG_FORMAT: u64 = 2;
+/// The previous version, still read and appended to: its payloads are
+/// stored as encoded, not masked.
+const LOG_FORMAT_UNMASKED: u64 = 1;
 const MAGIC: &[u8; 8] = b"MQKVLOG\n";
 const HEADER_LEN: u64 = 16;
 const FRAME_LEN: usize = 16;
@@ -59,6 +71,9 @@ const ALLOCATE_AHEAD: u64 = 4 << 20;
 /// the file itself instead of having zeros written ahead of it.
 const WRITE_PAST_ALLOCATED: u64 = 256 << 10;
 const LOCK_FILE: &str = "LOCK";
+/// Zero bytes in a row that only space never written can hold, in a
+/// segment whose payloads are masked.
+const UNWRITTEN_RUN: usize = 8;
 
 /// One change to the log, as written.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,6 +148,8 @@ struct Segment {
     allocated: u64,
     /// Highest entry index written to this segment.
     last_index: Option<u64>,
+    /// Whether its payloads are masked (format 2 on).
+    masked: bool,
 }
 
 /// The open log directory. Methods block on file I/O; they run on the raft
@@ -158,7 +175,9 @@ fn segment_name(seq: u64) -> String {
     format!("{seq:020}.{SEGMENT_EXT}")
 }
 
-fn encode(record: &Record, out: &mut Vec<u8>) -> io::Result<usize> {
+/// Appends `record`'s frame to `out`. With `masked_at`, the offset in the
+/// segment of `out`'s first byte, its payload is masked for that place.
+fn encode(record: &Record, out: &mut Vec<u8>, masked_at: Option<u64>) -> io::Result<usize> {
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_LEN]);
     let mut out_vec = std::mem::take(out);
@@ -169,6 +188,10 @@ fn encode(record: &Record, out: &mut Vec<u8>) -> io::Result<usize> {
         .ok()
         .filter(|len| *len <= MAX_PAYLOAD)
         .ok_or_else(|| io::Error::other(format!("a log record of {payload_len} bytes")))?;
+    if let Some(base) = masked_at {
+        let payload_at = base + (start + FRAME_LEN) as u64;
+        mask(&mut out[start + FRAME_LEN..], payload_at);
+    }
     let hash = xxh3_64(&out[start + FRAME_LEN..]);
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&length_check(len).to_le_bytes());
@@ -180,6 +203,50 @@ fn length_check(len: u32) -> u32 {
     // Truncating the hash is the point: four bytes are enough to tell a
     // length from noise.
     xxh3_64(&len.to_le_bytes()) as u32
+}
+
+/// Masks (or unmasks: the mask is its own inverse) payload bytes found at
+/// `offset` in a segment: each byte is XORed with a pseudo-random stream
+/// of its offset. Encoded records are full of zeros (small integers, empty
+/// fields, values of zeros); masked, a run of [`UNWRITTEN_RUN`] zero bytes
+/// is as unlikely as guessing a 64-bit key. So zeros in a row inside the
+/// log can only be space a write never reached, and opening tells a write
+/// torn by a power loss (its lost blocks read as zeros) from damage to
+/// acknowledged data.
+pub(crate) fn mask(bytes: &mut [u8], offset: u64) {
+    fn key(word: u64) -> u64 {
+        // SplitMix64's output function.
+        let mut z = word.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let lead = ((8 - offset % 8) % 8) as usize;
+    let (head, rest) = bytes.split_at_mut(lead.min(bytes.len()));
+    let mut at = offset;
+    for byte in head {
+        *byte ^= key(at / 8).to_le_bytes()[(at % 8) as usize];
+        at += 1;
+    }
+    let mut words = rest.chunks_exact_mut(8);
+    for word in &mut words {
+        let stream = key(at / 8).to_le_bytes();
+        word.iter_mut().zip(stream).for_each(|(b, k)| *b ^= k);
+        at += 8;
+    }
+    for byte in words.into_remainder() {
+        *byte ^= key(at / 8).to_le_bytes()[(at % 8) as usize];
+        at += 1;
+    }
+}
+
+/// Whether `bytes`, up to their last non-zero byte, hold
+/// [`UNWRITTEN_RUN`] zero bytes in a row.
+fn holds_unwritten_run(bytes: &[u8]) -> bool {
+    let end = bytes.iter().rposition(|b| *b != 0).unwrap_or(0);
+    bytes[..end]
+        .split(|b| *b != 0)
+        .any(|zeros| zeros.len() >= UNWRITTEN_RUN)
 }
 
 fn header() -> [u8; HEADER_LEN as usize] {
@@ -195,10 +262,10 @@ fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> i
     let path = dir.join(segment_name(seq));
     let partial = path.with_extension("seg.partial");
     let mut bytes = header().to_vec();
-    encode(start, &mut bytes)?;
+    encode(start, &mut bytes, Some(0))?;
     let mut last_index = None;
     for record in records {
-        encode(record, &mut bytes)?;
+        encode(record, &mut bytes, Some(0))?;
         if let Record::Entry(entry) = record {
             last_index = Some(entry.log_id.index);
         }
@@ -219,6 +286,7 @@ fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> i
         len,
         allocated: len,
         last_index,
+        masked: true,
     })
 }
 
@@ -309,7 +377,7 @@ pub(crate) fn open(
         let newest = i + 1 == seqs.len();
         let path = dir.join(segment_name(seq));
         let bytes = fs::read(&path).map_err(|e| io_error(&path, e))?;
-        let (valid_len, last_index) = replay.segment(seq, &bytes, newest, &path)?;
+        let (valid_len, last_index, masked) = replay.segment(seq, &bytes, newest, &path)?;
         if newest && !all_zero(&bytes[valid_len as usize..]) {
             cut = Some((path.clone(), valid_len, bytes.len() as u64));
         }
@@ -325,6 +393,7 @@ pub(crate) fn open(
             len: valid_len,
             allocated: bytes.len() as u64,
             last_index,
+            masked,
         });
     }
     let loaded = replay.finish(&dir)?;
@@ -387,7 +456,7 @@ fn lock(dir: &Path) -> Result<File, OpenError> {
 pub fn replay_segment(bytes: &[u8], newest: bool) -> Result<u64, String> {
     let path = Path::new("segment");
     let mut replay = Replay::default();
-    let (valid, _) = replay
+    let (valid, _, _) = replay
         .segment(1, bytes, newest, path)
         .map_err(|e| e.to_string())?;
     replay.finish(path).map_err(|e| e.to_string())?;
@@ -424,20 +493,21 @@ struct Replay {
 }
 
 impl Replay {
-    /// Replays one segment; returns the length of its valid part and the
-    /// highest entry index in it.
+    /// Replays one segment; returns the length of its valid part, the
+    /// highest entry index in it and whether its payloads are masked.
     fn segment(
         &mut self,
         seq: u64,
         bytes: &[u8],
         newest: bool,
         path: &Path,
-    ) -> Result<(u64, Option<u64>), OpenError> {
+    ) -> Result<(u64, Option<u64>, bool), OpenError> {
         if bytes.len() < HEADER_LEN as usize || &bytes[..8] != MAGIC {
             return Err(corrupt(path, "it is not an mqkv log segment (bad header)"));
         }
         let format = u64::from_le_bytes(bytes[8..16].try_into().unwrap_or_default());
-        if format != LOG_FORMAT {
+        let masked = format == LOG_FORMAT;
+        if !masked && format != LOG_FORMAT_UNMASKED {
             return Err(OpenError::UnsupportedFormat {
                 path: path.to_path_buf(),
                 found: format,
@@ -447,19 +517,25 @@ impl Replay {
         let mut offset = HEADER_LEN as usize;
         let mut last_index = None;
         let mut first = true;
+        let mut unmasked = Vec::new();
         while offset < bytes.len() {
             let rest = &bytes[offset..];
             // Space allocated ahead of the writes: the end of the log.
             if !first && all_zero(rest) {
-                return Ok((offset as u64, last_index));
+                return Ok((offset as u64, last_index, masked));
             }
             // An interrupted write leaves its frames incomplete, or complete
             // but with bytes that never reached the disk, and nothing after
             // them but unwritten (zero) space. Only the newest segment is
-            // written to, so only it can end that way.
-            let torn = |what: &str, after: usize| -> Result<(u64, Option<u64>), OpenError> {
-                if newest && !first && all_zero(rest.get(after..).unwrap_or_default()) {
-                    Ok((offset as u64, last_index))
+            // written to, so only it can end that way. A power loss can also
+            // keep some blocks of the write and lose others, in any order:
+            // then what follows the damage holds the lost blocks' zeros,
+            // which masked data never does.
+            let torn = |what: &str, after: usize| -> Result<(u64, Option<u64>, bool), OpenError> {
+                let unwritten = all_zero(rest.get(after..).unwrap_or_default())
+                    || (masked && holds_unwritten_run(rest));
+                if newest && !first && unwritten {
+                    Ok((offset as u64, last_index, masked))
                 } else {
                     Err(corrupt(
                         path,
@@ -480,9 +556,15 @@ impl Replay {
                 return torn("an incomplete frame", rest.len());
             }
             let hash = u64::from_le_bytes(rest[8..16].try_into().unwrap_or_default());
-            let payload = &rest[FRAME_LEN..end];
+            let mut payload = &rest[FRAME_LEN..end];
             if xxh3_64(payload) != hash {
                 return torn("a record failing its checksum", end);
+            }
+            if masked {
+                unmasked.clear();
+                unmasked.extend_from_slice(payload);
+                mask(&mut unmasked, (offset + FRAME_LEN) as u64);
+                payload = &unmasked;
             }
             let record: Record = postcard::from_bytes(payload).map_err(|e| {
                 corrupt(
@@ -510,7 +592,7 @@ impl Replay {
         if first {
             return Err(corrupt(path, "the segment has no start record"));
         }
-        Ok((bytes.len() as u64, last_index))
+        Ok((bytes.len() as u64, last_index, masked))
     }
 
     /// Applies one record; returns the index of an entry record.
@@ -603,7 +685,9 @@ impl Segments {
         let current = self.current()?;
         let offset = current.len + self.staged.len() as u64 + FRAME_LEN as u64;
         let segment = current.seq;
-        let len = encode(record, &mut self.staged)?;
+        // The staged bytes go at the segment's end.
+        let masked_at = current.masked.then_some(current.len);
+        let len = encode(record, &mut self.staged, masked_at)?;
         Ok(Location {
             segment,
             offset,
@@ -695,6 +779,9 @@ impl Segments {
             .ok_or_else(|| io::Error::other(format!("log segment {} is gone", location.segment)))?;
         let mut payload = vec![0; location.len as usize];
         segment.file.read_exact_at(&mut payload, location.offset)?;
+        if segment.masked {
+            mask(&mut payload, location.offset);
+        }
         postcard::from_bytes(&payload).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
