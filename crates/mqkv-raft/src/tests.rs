@@ -702,7 +702,7 @@ fn damages(target: Target) -> Vec<(&'static str, Damage)> {
             let len = bytes.len();
             // From inside the data: past it, in a log segment's space
             // allocated ahead, bytes after zeros are a torn write.
-            let data_end = bytes.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1);
+            let data_end = data_of(bytes).len();
             let from = 4096.min(data_end / 3);
             bytes[from..len]
                 .iter_mut()
@@ -730,7 +730,7 @@ fn damages(target: Target) -> Vec<(&'static str, Damage)> {
             "one byte flipped in the middle",
             |bytes| {
                 // Of the data, not of the space allocated ahead of it.
-                let data_end = bytes.iter().rposition(|b| *b != 0).map_or(0, |at| at + 1);
+                let data_end = data_of(bytes).len();
                 let middle = data_end / 2;
                 bytes[middle] ^= 0x01;
             },
