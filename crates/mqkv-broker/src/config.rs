@@ -38,6 +38,10 @@ pub struct BrokerConfig {
     /// core. Set by the server from its `workers` setting, not read from the broker section.
     #[serde(skip)]
     pub connection_threads: usize,
+    /// Pins connection thread `i` to the `i`-th CPU the process may run on, when there are no
+    /// more threads than such CPUs. Set by the server from its `pin_workers` setting.
+    #[serde(skip)]
+    pub pin_connection_threads: bool,
 }
 
 impl BrokerConfig {
@@ -70,6 +74,7 @@ impl Default for BrokerConfig {
             allow_anonymous: None,
             users: Vec::new(),
             connection_threads: 0,
+            pin_connection_threads: false,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! The broker knows nothing about the state store: services claim topics with
 //! [`Broker::claim`] and talk back with [`Broker::publish`] and [`Broker::deliver`].
 
+mod affinity;
 pub mod auth;
 mod broker;
 pub mod codec;

@@ -13,6 +13,9 @@
 //! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
 //! answers posted together costs one.
 //!
+//! With `pin_connection_threads` each thread is pinned to a CPU of its own (see
+//! [`crate::affinity`]).
+//!
 //! The threads accept from the listening socket themselves (each on its own poller; up to four
 //! of them, see [`crate::broker::ACCEPTING_THREADS`]), so a new connection is usually served by
 //! the thread that accepted it, with no hand-over. A thread that already serves two or more
@@ -29,6 +32,7 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 
+use crate::affinity;
 use crate::session::{Direct, Session};
 
 thread_local! {
@@ -143,10 +147,28 @@ pub(crate) struct ConnThreads {
 }
 
 impl ConnThreads {
-    /// Starts `n` threads (at least one).
-    pub(crate) fn start(n: usize) -> std::io::Result<ConnThreads> {
-        let mut threads = Vec::with_capacity(n.max(1));
-        for index in 0..n.max(1) {
+    /// Starts `n` threads (at least one), each pinned to a CPU of its own if `pin` (see
+    /// [`affinity::plan`]).
+    pub(crate) fn start(n: usize, pin: bool) -> std::io::Result<ConnThreads> {
+        let n = n.max(1);
+        let cpus = if pin {
+            let allowed = affinity::allowed_cpus();
+            let plan = affinity::plan(n, &allowed);
+            match &plan {
+                Some(cpus) => tracing::debug!(?cpus, "connection threads pinned"),
+                None => tracing::debug!(
+                    threads = n,
+                    cpus = allowed.len(),
+                    "connection threads not pinned"
+                ),
+            }
+            plan
+        } else {
+            None
+        };
+        let mut threads = Vec::with_capacity(n);
+        for index in 0..n {
+            let cpu = cpus.as_ref().and_then(|c| c.get(index).copied());
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -158,6 +180,11 @@ impl ConnThreads {
             std::thread::Builder::new()
                 .name(format!("mqkv-conn-{index}"))
                 .spawn(move || {
+                    if let Some(cpu) = cpu {
+                        if let Err(e) = affinity::pin_current_thread(cpu) {
+                            tracing::warn!(cpu, error = %e, "cannot pin a connection thread");
+                        }
+                    }
                     HOME.with(|h| h.set(index + 1));
                     OUTBOX.with(|o| *o.borrow_mut() = Some(own_outbox));
                     runtime.spawn(flusher);
@@ -338,7 +365,7 @@ mod tests {
     /// earlier ones end.
     #[tokio::test]
     async fn connections_placed_from_elsewhere_spread_over_the_threads() {
-        let threads = ConnThreads::start(2).expect("threads");
+        let threads = ConnThreads::start(2, false).expect("threads");
         let (tx, rx) = mpsc::channel();
         let mut clients = Vec::new();
         let mut homes = Vec::new();
@@ -360,6 +387,42 @@ mod tests {
         );
     }
 
+    /// What each thread reports of the CPUs it may run on.
+    fn cpus_of(threads: &ConnThreads) -> Vec<Vec<usize>> {
+        (0..threads.len())
+            .map(|i| {
+                let (tx, rx) = mpsc::channel();
+                threads.spawn_on(i, async move {
+                    let _ = tx.send(affinity::allowed_cpus());
+                });
+                rx.recv_timeout(Duration::from_secs(5)).expect("reported")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pinned_threads_run_on_a_cpu_each() {
+        let allowed = affinity::allowed_cpus();
+        let n = allowed.len().min(2);
+        let threads = ConnThreads::start(n, true).expect("threads");
+        let seen = cpus_of(&threads);
+        if cfg!(target_os = "linux") && allowed.len() > 1 {
+            assert_eq!(seen, vec![vec![allowed[0]], vec![allowed[1]]]);
+        } else {
+            assert_eq!(seen, vec![allowed; n]);
+        }
+    }
+
+    #[test]
+    fn threads_are_not_pinned_unless_asked_or_when_they_would_share() {
+        let allowed = affinity::allowed_cpus();
+        let unpinned = ConnThreads::start(2, false).expect("threads");
+        assert_eq!(cpus_of(&unpinned), vec![allowed.clone(); 2]);
+        let more = allowed.len() + 1;
+        let crowded = ConnThreads::start(more, true).expect("threads");
+        assert_eq!(cpus_of(&crowded), vec![allowed; more]);
+    }
+
     /// Pending until `woken` is set; registers the waker `home_waker` makes.
     struct WaitFor {
         woken: Arc<AtomicBool>,
@@ -379,7 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_from_another_thread_goes_through_the_outbox() {
-        let threads = ConnThreads::start(1).expect("threads");
+        let threads = ConnThreads::start(1, false).expect("threads");
         let (server, _client) = accepted().await;
         let woken = Arc::new(AtomicBool::new(false));
         let (waker_tx, waker_rx) = mpsc::channel();
@@ -417,7 +480,7 @@ mod tests {
 
     #[tokio::test]
     async fn stopping_drops_the_connections_left() {
-        let threads = ConnThreads::start(2).expect("threads");
+        let threads = ConnThreads::start(2, false).expect("threads");
         let (server, _client) = accepted().await;
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = SetOnDrop(dropped.clone());
@@ -470,7 +533,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_is_served_by_the_thread_that_accepted_it() {
-        let threads = Arc::new(ConnThreads::start(2).expect("threads"));
+        let threads = Arc::new(ConnThreads::start(2, false).expect("threads"));
         for index in [0, 1, 1, 0] {
             assert_eq!(accept_and_place(&threads, index, false).await, index + 1);
         }
@@ -478,7 +541,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busier_thread_hands_what_it_accepts_to_the_least_busy() {
-        let threads = Arc::new(ConnThreads::start(2).expect("threads"));
+        let threads = Arc::new(ConnThreads::start(2, false).expect("threads"));
         let mut homes = Vec::new();
         for _ in 0..6 {
             homes.push(accept_and_place(&threads, 0, true).await);

@@ -56,6 +56,9 @@ pub struct ServerConfig {
     /// Threads serving client connections; `None` is one per core. The state store's log
     /// is written and applied on a thread of its own besides these.
     pub workers: Option<usize>,
+    /// Pins each connection thread to a CPU of its own (when there are no more of them than
+    /// CPUs the process may use).
+    pub pin_workers: bool,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +71,7 @@ impl Default for ServerConfig {
             state_store: StateStoreConfig::default(),
             persist_interval_ms: 1000,
             workers: None,
+            pin_workers: true,
         }
     }
 }
@@ -110,6 +114,7 @@ mod tests {
             listen = ["127.0.0.1:1884", "[::1]:1885"]
             storage = "memory"
             workers = 3
+            pin_workers = false
             [broker]
             max_packet_size = 1024
             max_queued_messages = 5
@@ -131,6 +136,11 @@ mod tests {
         assert_eq!(c.state_store.max_keys, Some(10));
         assert_eq!(c.broker.users.len(), 1);
         assert_eq!(c.workers, Some(3));
+        assert!(!c.pin_workers);
+        assert!(
+            ServerConfig::default().pin_workers,
+            "pinned unless told otherwise"
+        );
     }
 
     #[test]

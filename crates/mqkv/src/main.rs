@@ -83,6 +83,10 @@ struct ServeArgs {
     /// Threads serving client connections (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
+    /// Pin each connection thread to a CPU of its own (default: true; not done when there are
+    /// more threads than CPUs).
+    #[arg(long, value_name = "BOOL")]
+    pin_workers: Option<bool>,
 }
 
 fn parse_storage(s: &str) -> Result<StorageKind, String> {
@@ -150,6 +154,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.workers {
             c.workers = Some(v);
+        }
+        if let Some(v) = self.pin_workers {
+            c.pin_workers = v;
         }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);

@@ -210,3 +210,66 @@ async fn workers_flag_is_honoured_and_checked() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `Cpus_allowed_list` of the process's main thread and of each `mqkv-conn-*` thread.
+#[cfg(target_os = "linux")]
+fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
+    let allowed = |status: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(|v| v.trim().to_owned())
+            .expect("Cpus_allowed_list")
+    };
+    let main = allowed(&std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status"));
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let task = task.expect("task").path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.starts_with("mqkv-conn-") {
+            threads.push(allowed(
+                &std::fs::read_to_string(task.join("status")).expect("status"),
+            ));
+        }
+    }
+    (main, threads)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn connection_threads_are_pinned_unless_told_not_to() {
+    let own = std::fs::read_to_string("/proc/self/status").expect("status");
+    let own_cpus = own
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
+        .expect("Cpus_allowed_list");
+    let server = ServerProcess::start(&["--workers", "2"]);
+    let (main, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(main, own_cpus, "the process itself keeps every CPU");
+    assert_eq!(threads.len(), 2, "two connection threads: {threads:?}");
+    let single: Vec<Option<usize>> = threads.iter().map(|t| t.parse().ok()).collect();
+    if own_cpus.parse::<usize>().is_ok() {
+        // One CPU: nothing to pin to.
+        assert_eq!(threads, vec![own_cpus.clone(); 2]);
+    } else {
+        assert!(
+            single.iter().all(Option::is_some),
+            "one CPU each: {threads:?}"
+        );
+        assert_ne!(single[0], single[1], "different CPUs: {threads:?}");
+    }
+
+    let server = ServerProcess::start(&["--workers", "2", "--pin-workers", "false"]);
+    let (_, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(
+        threads,
+        vec![own_cpus.clone(); 2],
+        "not pinned when told not to"
+    );
+
+    let err = serve_refused(&["--listen", "127.0.0.1:0", "--pin-workers", "maybe"]);
+    assert!(err.contains("--pin-workers"), "names the flag: {err}");
+}

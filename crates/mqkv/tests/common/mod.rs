@@ -52,6 +52,11 @@ impl ServerProcess {
         ServerProcess { child, port }
     }
 
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM, then waits for the process; returns its exit status.
     pub fn stop(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
