@@ -57,8 +57,9 @@ pub struct ServerConfig {
     /// is written and applied on a thread of its own besides these.
     pub workers: Option<usize>,
     /// Pins each connection thread to a CPU of its own (when there are no more of them than
-    /// CPUs the process may use).
-    pub pin_workers: bool,
+    /// CPUs the process may use); `None` pins them with disk storage only (see
+    /// [`ServerConfig::pins_workers`]).
+    pub pin_workers: Option<bool>,
 }
 
 impl Default for ServerConfig {
@@ -71,8 +72,20 @@ impl Default for ServerConfig {
             state_store: StateStoreConfig::default(),
             persist_interval_ms: 1000,
             workers: None,
-            pin_workers: true,
+            pin_workers: None,
         }
+    }
+}
+
+impl ServerConfig {
+    /// Whether the connection threads are pinned. Unless set, with disk storage: the log's
+    /// thread then sleeps briefly in every sync, thousands of times a second, and a scheduler
+    /// that packs runnable threads onto few CPUs leaves its CPU idle while the connection
+    /// threads queue on the other (measured in BENCHMARKS.md); with memory storage nothing
+    /// sleeps on the request path, and unpinned threads balance CPU-bound work better.
+    pub fn pins_workers(&self) -> bool {
+        self.pin_workers
+            .unwrap_or(self.storage == StorageKind::Disk)
     }
 }
 
@@ -136,11 +149,26 @@ mod tests {
         assert_eq!(c.state_store.max_keys, Some(10));
         assert_eq!(c.broker.users.len(), 1);
         assert_eq!(c.workers, Some(3));
-        assert!(!c.pin_workers);
+        assert_eq!(c.pin_workers, Some(false));
+        assert!(!c.pins_workers(), "memory storage, told not to pin");
+        let disk = ServerConfig::default();
         assert!(
-            ServerConfig::default().pin_workers,
-            "pinned unless told otherwise"
+            disk.pins_workers(),
+            "disk storage pins unless told otherwise"
         );
+        let memory = ServerConfig {
+            storage: StorageKind::Memory,
+            ..ServerConfig::default()
+        };
+        assert!(
+            !memory.pins_workers(),
+            "memory storage does not, unless told"
+        );
+        let told = ServerConfig {
+            pin_workers: Some(true),
+            ..memory
+        };
+        assert!(told.pins_workers());
     }
 
     #[test]

@@ -83,8 +83,8 @@ struct ServeArgs {
     /// Threads serving client connections (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
-    /// Pin each connection thread to a CPU of its own (default: true; not done when there are
-    /// more threads than CPUs).
+    /// Pin each connection thread to a CPU of its own (default: with disk storage only; never
+    /// when there are more threads than CPUs).
     #[arg(long, value_name = "BOOL")]
     pin_workers: Option<bool>,
 }
@@ -156,7 +156,7 @@ impl ServeArgs {
             c.workers = Some(v);
         }
         if let Some(v) = self.pin_workers {
-            c.pin_workers = v;
+            c.pin_workers = Some(v);
         }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);

@@ -237,38 +237,58 @@ fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn connection_threads_are_pinned_unless_told_not_to() {
+fn connection_threads_are_pinned_with_disk_storage_or_when_told() {
     let own = std::fs::read_to_string("/proc/self/status").expect("status");
     let own_cpus = own
         .lines()
         .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
         .map(|v| v.trim().to_owned())
         .expect("Cpus_allowed_list");
-    let server = ServerProcess::start(&["--workers", "2"]);
-    let (main, threads) = conn_thread_cpus(server.pid());
-    assert!(server.stop().success());
-    assert_eq!(main, own_cpus, "the process itself keeps every CPU");
-    assert_eq!(threads.len(), 2, "two connection threads: {threads:?}");
-    let single: Vec<Option<usize>> = threads.iter().map(|t| t.parse().ok()).collect();
-    if own_cpus.parse::<usize>().is_ok() {
-        // One CPU: nothing to pin to.
-        assert_eq!(threads, vec![own_cpus.clone(); 2]);
-    } else {
+    let one_cpu = own_cpus.parse::<usize>().is_ok();
+    let pinned = |threads: &[String]| {
+        assert_eq!(threads.len(), 2, "two connection threads: {threads:?}");
+        if one_cpu {
+            // One CPU: nothing to pin to.
+            assert_eq!(threads, vec![own_cpus.clone(); 2]);
+            return;
+        }
+        let single: Vec<Option<usize>> = threads.iter().map(|t| t.parse().ok()).collect();
         assert!(
             single.iter().all(Option::is_some),
             "one CPU each: {threads:?}"
         );
         assert_ne!(single[0], single[1], "different CPUs: {threads:?}");
-    }
+    };
 
-    let server = ServerProcess::start(&["--workers", "2", "--pin-workers", "false"]);
+    let dir = temp_dir("pinned");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--workers", "2"]);
+    let (main, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(main, own_cpus, "the process itself keeps every CPU");
+    pinned(&threads);
+
+    let server = ServerProcess::start(&["--workers", "2", "--pin-workers", "true"]);
     let (_, threads) = conn_thread_cpus(server.pid());
     assert!(server.stop().success());
-    assert_eq!(
-        threads,
-        vec![own_cpus.clone(); 2],
-        "not pinned when told not to"
+    pinned(&threads);
+
+    // Memory storage: not pinned unless asked.
+    let server = ServerProcess::start(&["--workers", "2"]);
+    let (_, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(threads, vec![own_cpus.clone(); 2], "memory storage");
+
+    let dir = temp_dir("unpinned");
+    let server = ServerProcess::start_disk(
+        &dir,
+        "127.0.0.1:0",
+        &["--workers", "2", "--pin-workers", "false"],
     );
+    let (_, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(threads, vec![own_cpus.clone(); 2], "told not to");
 
     let err = serve_refused(&["--listen", "127.0.0.1:0", "--pin-workers", "maybe"]);
     assert!(err.contains("--pin-workers"), "names the flag: {err}");
