@@ -167,6 +167,9 @@ impl ConnThreads {
             None
         };
         let mut threads = Vec::with_capacity(n);
+        // Each thread reports once it is pinned, so the threads run where they should before
+        // the first connection reaches them.
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
         for index in 0..n {
             let cpu = cpus.as_ref().and_then(|c| c.get(index).copied());
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -177,6 +180,7 @@ impl ConnThreads {
             let (stop, stopped) = oneshot::channel::<()>();
             let flusher = flush_outbox(outbox.clone());
             let own_outbox = outbox.clone();
+            let started_tx = started_tx.clone();
             std::thread::Builder::new()
                 .name(format!("mqkv-conn-{index}"))
                 .spawn(move || {
@@ -185,6 +189,7 @@ impl ConnThreads {
                             tracing::warn!(cpu, error = %e, "cannot pin a connection thread");
                         }
                     }
+                    let _ = started_tx.send(());
                     HOME.with(|h| h.set(index + 1));
                     OUTBOX.with(|o| *o.borrow_mut() = Some(own_outbox));
                     runtime.spawn(flusher);
@@ -198,6 +203,13 @@ impl ConnThreads {
                 stop: Mutex::new(Some(stop)),
                 live: Arc::new(AtomicUsize::new(0)),
             });
+        }
+        drop(started_tx);
+        // Ends early only if a thread died before reporting; its runtime then never serves.
+        for _ in 0..n {
+            if started.recv().is_err() {
+                break;
+            }
         }
         Ok(ConnThreads {
             threads,

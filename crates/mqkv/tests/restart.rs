@@ -211,25 +211,27 @@ async fn workers_flag_is_honoured_and_checked() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `Cpus_allowed_list` of a `/proc` status file.
+#[cfg(target_os = "linux")]
+fn cpus_allowed(status: impl AsRef<std::path::Path>) -> String {
+    std::fs::read_to_string(status)
+        .expect("status")
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_owned())
+        .expect("Cpus_allowed_list")
+}
+
 /// `Cpus_allowed_list` of the process's main thread and of each `mqkv-conn-*` thread.
 #[cfg(target_os = "linux")]
 fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
-    let allowed = |status: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(|v| v.trim().to_owned())
-            .expect("Cpus_allowed_list")
-    };
-    let main = allowed(&std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status"));
+    let main = cpus_allowed(format!("/proc/{pid}/status"));
     let mut threads = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
         let task = task.expect("task").path();
         let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
         if comm.starts_with("mqkv-conn-") {
-            threads.push(allowed(
-                &std::fs::read_to_string(task.join("status")).expect("status"),
-            ));
+            threads.push(cpus_allowed(task.join("status")));
         }
     }
     (main, threads)
@@ -238,12 +240,7 @@ fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
 #[cfg(target_os = "linux")]
 #[test]
 fn connection_threads_are_pinned_with_disk_storage_or_when_told() {
-    let own = std::fs::read_to_string("/proc/self/status").expect("status");
-    let own_cpus = own
-        .lines()
-        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-        .map(|v| v.trim().to_owned())
-        .expect("Cpus_allowed_list");
+    let own_cpus = cpus_allowed("/proc/self/status");
     let one_cpu = own_cpus.parse::<usize>().is_ok();
     let pinned = |threads: &[String]| {
         assert_eq!(threads.len(), 2, "two connection threads: {threads:?}");
