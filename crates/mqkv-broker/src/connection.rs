@@ -57,6 +57,7 @@ impl Drop for LiveGuard {
 pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
     inner.live_connections.fetch_add(1, Ordering::Relaxed);
     let _live = LiveGuard(inner.clone());
+    tracing::debug!(%peer, "connection accepted");
     let (mut rd, mut wr) = stream.into_split();
     let max_in = inner.config.max_packet_size as usize;
     let mut buf = BytesMut::with_capacity(READ_CHUNK);

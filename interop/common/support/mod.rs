@@ -73,10 +73,15 @@ impl Server {
         let _ = std::fs::remove_dir_all(&work_dir);
         std::fs::create_dir_all(&work_dir).expect("create server work dir");
 
+        // Connection events (accepted, connected, refused, closed and why) go to the log too,
+        // so a client that cannot connect leaves a trace of what the server saw.
+        let log_filter = std::env::var("RUST_LOG")
+            .unwrap_or_else(|_| "info,openraft=warn,mqkv_broker=debug".to_owned());
         let mut child = Command::new(&bin)
             .args(["serve", "--listen", "127.0.0.1:0"])
             .current_dir(&work_dir)
             .env_remove("MQKV_CONFIG")
+            .env("RUST_LOG", log_filter)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
