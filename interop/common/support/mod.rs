@@ -151,6 +151,47 @@ pub fn client_id(test: &str, role: &str) -> String {
 }
 
 /// One SDK MQTT session with a state store client on it.
+/// Writes the SDK's own log (its `log` records: connect attempts and why they failed, retries)
+/// to standard error, where the test harness keeps it and shows it for a failing test.
+struct SdkLog;
+
+impl SdkLog {
+    fn install() {
+        static LOGGER: SdkLog = SdkLog;
+        // Every test of a binary shares the logger; only the first install takes.
+        if log::set_logger(&LOGGER).is_ok() {
+            log::set_max_level(log::LevelFilter::Debug);
+        }
+    }
+}
+
+impl log::Log for SdkLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        let most = if metadata.target().starts_with("azure_iot_operations") {
+            log::Level::Debug
+        } else {
+            log::Level::Warn
+        };
+        metadata.level() <= most
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            let ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            eprintln!(
+                "[sdk {ms} {} {}] {}",
+                record.level(),
+                record.target(),
+                record.args()
+            );
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 pub struct AioClient {
     pub id: String,
     pub state_store: Arc<state_store::Client>,
@@ -169,6 +210,7 @@ impl AioClient {
 
     /// As [`AioClient::connect`], plus `extra` more state store clients sharing the session.
     pub async fn connect_with_extra(server: &Server, id: &str, extra: usize) -> AioClient {
+        SdkLog::install();
         let connection_settings = MqttConnectionSettingsBuilder::default()
             .client_id(id)
             .hostname("127.0.0.1")
