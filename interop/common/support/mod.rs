@@ -150,7 +150,6 @@ pub fn client_id(test: &str, role: &str) -> String {
     format!("{test}-{role}-{}", std::process::id())
 }
 
-/// One SDK MQTT session with a state store client on it.
 /// Writes the SDK's own log (its `log` records: connect attempts and why they failed, retries)
 /// to standard error, where the test harness keeps it and shows it for a failing test.
 struct SdkLog;
@@ -192,6 +191,7 @@ impl log::Log for SdkLog {
     fn flush(&self) {}
 }
 
+/// One SDK MQTT session with a state store client on it.
 pub struct AioClient {
     pub id: String,
     pub state_store: Arc<state_store::Client>,
