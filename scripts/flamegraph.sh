@@ -13,6 +13,10 @@
 #                    the second Redis the run starts (with `set`: the one with `appendfsync always`)
 #   --seconds S      how long to record (default 2), after 1.5 s of the process's warm-up
 #   --freq HZ        sampling frequency (default 1999)
+#   --sched          instead of a flame graph, trace the scheduler on every CPU for the same
+#                    window and print, per thread name, wake-ups, how long woken threads waited
+#                    for a CPU, time on a CPU and switches by state (scripts/sched-waits.py);
+#                    the table is also written to the --out path with .txt for .svg
 #
 # The benchmark arguments default to durable SET, 16 B values, 64 clients, 6 s. Needs `perf`
 # (Debian: linux-perf) and inferno (`cargo install inferno`, installed here when missing).
@@ -27,6 +31,7 @@ match='mqkv serve.*--storage disk'
 nth=1
 seconds=2
 freq=1999
+sched=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
@@ -34,6 +39,7 @@ while [ $# -gt 0 ]; do
     --nth) nth=$2; shift 2 ;;
     --seconds) seconds=$2; shift 2 ;;
     --freq) freq=$2; shift 2 ;;
+    --sched) sched=1; shift ;;
     --) shift; break ;;
     *) echo "unknown option $1 (benchmark arguments go after --)" >&2; exit 2 ;;
   esac
@@ -44,7 +50,7 @@ if [ ${#bench_args[@]} -eq 0 ]; then
 fi
 
 command -v perf >/dev/null 2>&1 || { echo "perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
-if ! command -v inferno-flamegraph >/dev/null 2>&1; then
+if [ $sched -eq 0 ] && ! command -v inferno-flamegraph >/dev/null 2>&1; then
   cargo install inferno --locked
 fi
 cargo build --release -p mqkv -p mqkv-bench
@@ -80,6 +86,15 @@ if [ -z "$pid" ]; then
 fi
 
 sleep 1.5
+if [ $sched -eq 1 ]; then
+  echo "tracing the scheduler while $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-100) (pid $pid) runs, ${seconds}s"
+  perf record -q -a -e sched:sched_wakeup -e sched:sched_switch -o "$work/sched.data" -- sleep "$seconds" >/dev/null 2>&1
+  wait "$bench"
+  grep '^|' "$work/bench.log" || true
+  perf script -i "$work/sched.data" -F comm,tid,cpu,time,event,trace 2>/dev/null |
+    python3 scripts/sched-waits.py | tee "${out%.svg}.txt"
+  exit 0
+fi
 echo "recording $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-100) (pid $pid) for ${seconds}s"
 perf record -q -F "$freq" --call-graph dwarf,16384 -o "$work/perf.data" -p "$pid" -- sleep "$seconds" >/dev/null 2>&1
 wait "$bench"
