@@ -6,10 +6,11 @@
 //! specification names and closes the connection; nothing a client sends can take down another
 //! connection or the broker.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
@@ -21,7 +22,7 @@ use tokio::sync::Notify;
 use crate::auth::AuthRequest;
 use crate::broker::{identity, Inner};
 use crate::codec::{self, reason, Ack, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
-use crate::service::ServicePublish;
+use crate::service::{Handled, Service, ServiceFuture, ServicePublish};
 use crate::session::{Delivery, Link, Message, Session};
 use crate::subtree::ClientId;
 use crate::topic;
@@ -284,9 +285,11 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         services: inner.service_claims(),
         waker: CachedWaker::default(),
         handover: handover.clone(),
+        queued: VecDeque::new(),
     };
     let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
     tracing::debug!(client_id = %client_id, ?end, "connection closed");
+    conn.let_running_finish();
 
     let will = match end {
         End::Normal => None,
@@ -481,6 +484,24 @@ struct Conn {
     /// The waker services' futures get (see [`crate::threads::home_waker`]).
     waker: CachedWaker,
     handover: Arc<crate::session::Handover>,
+    /// Publishes to services whose acknowledgement has not gone out yet, in arrival order (see
+    /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front
+    /// one is never done (a done front is acknowledged and removed at once).
+    queued: VecDeque<Queued>,
+}
+
+/// A publish to a service, waiting for its work or for earlier acknowledgements.
+struct Queued {
+    work: Work,
+    /// PUBACK or PUBREC to send once it is this publish's turn; none at QoS 0.
+    ack: Option<Packet>,
+}
+
+enum Work {
+    Done,
+    Running(ServiceFuture),
+    /// Handed back by the service: started once every earlier publish has finished.
+    NotStarted(Box<ServicePublish>, Arc<dyn Service>),
 }
 
 /// A task's waker wrapped by [`crate::threads::home_waker`], made once and reused while the
@@ -513,6 +534,20 @@ enum Received {
 
 /// A violation detected while handling a packet: DISCONNECT with this reason code.
 struct Violation(u8);
+
+/// The acknowledgement a publish of `qos` gets: PUBACK, PUBREC, or none at QoS 0.
+fn ack_for(qos: QoS, packet_id: u16, reason_code: u8) -> Option<Packet> {
+    let ack = Ack {
+        packet_id,
+        reason_code,
+        ..Default::default()
+    };
+    match qos {
+        QoS::AtMostOnce => None,
+        QoS::AtLeastOnce => Some(Packet::PubAck(ack)),
+        QoS::ExactlyOnce => Some(Packet::PubRec(ack)),
+    }
+}
 
 impl Conn {
     fn v5(&self) -> bool {
@@ -565,22 +600,28 @@ impl Conn {
         let mut handover_registered = false;
         let mut handed_over = false;
         // Packets may already be buffered behind CONNECT, so process before the first read.
+        let mut received = true;
         let end = loop {
-            // While the batch is handled, queueing output does not wake the writer task: the
-            // reader writes it itself afterwards, acks and responses together in one write.
-            self.session.set_deferred(self.conn_id, true);
-            let processed = self.process(&mut buf, max_in).await;
-            self.flush_inline();
-            match processed {
-                Ok(None) => {}
-                Ok(Some(end)) => break end,
-                Err(Violation(code)) => {
-                    tracing::debug!(client_id = %self.client_id, code, "protocol violation");
-                    self.close_with(code);
-                    break End::Abnormal;
+            if received {
+                // While the batch is handled, queueing output does not wake the writer task:
+                // the reader writes it itself afterwards, acks and responses together in one
+                // write.
+                self.session.set_deferred(self.conn_id, true);
+                let processed = self.process(&mut buf, max_in).await;
+                self.flush_inline();
+                match processed {
+                    Ok(None) => {}
+                    Ok(Some(end)) => break end,
+                    Err(Violation(code)) => {
+                        tracing::debug!(client_id = %self.client_id, code, "protocol violation");
+                        self.close_with(code);
+                        break End::Abnormal;
+                    }
                 }
+                make_read_room(&mut buf);
             }
-            make_read_room(&mut buf);
+            // Until a read brings more, `buf` holds no whole packet.
+            received = false;
             let watch_shutdown =
                 !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
             shutdown_registered = true;
@@ -610,13 +651,17 @@ impl Conn {
                     // Write failure or takeover.
                     return End::Abnormal;
                 }
+                () = std::future::poll_fn(|cx| self.poll_queued(cx)), if !self.queued.is_empty() => {}
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {
                         // The peer is gone: nothing more can be written to it.
                         writer.abort();
                         return End::Abnormal;
                     }
-                    Ok(_) => last = Instant::now(),
+                    Ok(_) => {
+                        last = Instant::now();
+                        received = true;
+                    }
                 },
                 () = idle.as_mut(), if ka.is_some() => {
                     let deadline = last + ka.unwrap_or_default();
@@ -662,6 +707,10 @@ impl Conn {
         }
         self.session.set_deferred(self.conn_id, true);
         let processed = self.process(buf, max_in).await;
+        if processed.is_ok() {
+            // What it received is answered here, before the new connection takes over.
+            self.finish_queued().await;
+        }
         self.flush_inline();
         match processed {
             Ok(None) if closed => Received::PeerGone,
@@ -743,6 +792,8 @@ impl Conn {
                 }
                 Packet::PingReq => self.send(Packet::PingResp),
                 Packet::Disconnect(d) => {
+                    // Every answer and acknowledgement first.
+                    self.finish_queued().await;
                     if let Some(new_expiry) = d.properties.session_expiry_interval {
                         if self.session_expiry == 0 && new_expiry != 0 {
                             return Err(Violation(reason::PROTOCOL_ERROR));
@@ -818,7 +869,7 @@ impl Conn {
             if st.incoming_qos2.contains(&p.packet_id) {
                 // A redelivery of a message already accepted: acknowledge it again only.
                 drop(st);
-                self.send(Packet::PubRec(Ack {
+                self.acknowledge(Packet::PubRec(Ack {
                     packet_id: p.packet_id,
                     ..Default::default()
                 }));
@@ -836,6 +887,7 @@ impl Conn {
         if bad_payload {
             code = reason::PAYLOAD_FORMAT_INVALID;
         } else if let Some(service) = self.services.find(&p.topic) {
+            let service = service.clone();
             let sp = ServicePublish {
                 topic: p.topic,
                 payload: p.payload,
@@ -843,24 +895,9 @@ impl Conn {
                 properties: p.properties,
                 from: self.ident.clone(),
             };
-            if let Some(mut pending) = service.on_publish(sp) {
-                // Output queued so far need not wait for the service.
-                self.flush_inline();
-                // Output stays deferred while the service's future runs, so the answer it queues
-                // in the poll that finishes it goes out together with the ack below, in one
-                // write. Between polls (while the service waits) whatever else arrives for this
-                // client is written at once.
-                std::future::poll_fn(|cx| {
-                    self.session.set_deferred(self.conn_id, true);
-                    let waker = self.waker.get(cx.waker());
-                    let polled = pending.as_mut().poll(&mut Context::from_waker(waker));
-                    if polled.is_pending() {
-                        self.flush_inline();
-                    }
-                    polled
-                })
-                .await;
-            }
+            let ack = ack_for(p.qos, p.packet_id, code);
+            self.hand_to_service(service, sp, ack).await;
+            return Ok(());
         } else {
             let msg = Arc::new(Message {
                 expires_at: p
@@ -878,17 +915,194 @@ impl Conn {
                 code = reason::NO_MATCHING_SUBSCRIBERS;
             }
         }
-        let ack = Ack {
-            packet_id: p.packet_id,
-            reason_code: code,
-            ..Default::default()
-        };
-        match p.qos {
-            QoS::AtMostOnce => {}
-            QoS::AtLeastOnce => self.send(Packet::PubAck(ack)),
-            QoS::ExactlyOnce => self.send(Packet::PubRec(ack)),
+        if let Some(ack) = ack_for(p.qos, p.packet_id, code) {
+            self.acknowledge(ack);
         }
         Ok(())
+    }
+
+    /// Sends an acknowledgement, after those of the publishes still queued: they arrived first.
+    fn acknowledge(&mut self, ack: Packet) {
+        if self.queued.is_empty() {
+            self.send(ack);
+        } else {
+            self.queued.push_back(Queued {
+                work: Work::Done,
+                ack: Some(ack),
+            });
+        }
+    }
+
+    /// Hands a publish to its service and goes on: its acknowledgement is sent once the work
+    /// has finished and the earlier publishes have been acknowledged (see [`crate::service`]).
+    /// With the Receive Maximum of publishes queued already, first waits for the oldest.
+    async fn hand_to_service(
+        &mut self,
+        service: Arc<dyn Service>,
+        publish: ServicePublish,
+        ack: Option<Packet>,
+    ) {
+        let limit = usize::from(self.inner.config.receive_maximum).max(1);
+        while self.queued.len() >= limit {
+            std::future::poll_fn(|cx| self.poll_queued(cx)).await;
+        }
+        let work = if matches!(
+            self.queued.back(),
+            Some(Queued {
+                work: Work::NotStarted(..),
+                ..
+            })
+        ) {
+            // Behind a publish that waits for its turn: so does this one.
+            Work::NotStarted(Box::new(publish), service)
+        } else {
+            let earlier = !self.queued.is_empty();
+            let mut publish = Some(publish);
+            std::future::poll_fn(|cx| {
+                Poll::Ready(publish.take().map(|p| self.start(&service, p, earlier, cx)))
+            })
+            .await
+            .unwrap_or(Work::Done)
+        };
+        match work {
+            Work::Done => {
+                if let Some(ack) = ack {
+                    self.acknowledge(ack);
+                }
+            }
+            work => self.queued.push_back(Queued { work, ack }),
+        }
+    }
+
+    /// Offers a publish to its service; a future it returns is polled once at once, so the
+    /// work starts in arrival order.
+    fn start(
+        &mut self,
+        service: &Arc<dyn Service>,
+        publish: ServicePublish,
+        earlier_running: bool,
+        cx: &mut Context<'_>,
+    ) -> Work {
+        // Output stays deferred while a service works, so an answer queued in the poll that
+        // finishes it goes out with its acknowledgement, in one write.
+        self.session.set_deferred(self.conn_id, true);
+        match service.on_publish(publish, earlier_running) {
+            Handled::Done => Work::Done,
+            Handled::AfterEarlier(publish) if earlier_running => {
+                Work::NotStarted(publish, service.clone())
+            }
+            Handled::AfterEarlier(publish) => {
+                // Nothing earlier is under way: a service that hands it back anyway would see
+                // it again at once, for ever. Dropped, as a service error.
+                tracing::warn!(client_id = %self.client_id, topic = %publish.topic, "a service handed back a publish with nothing before it; dropped");
+                Work::Done
+            }
+            Handled::Running(mut future) => {
+                let waker = self.waker.get(cx.waker());
+                if future
+                    .as_mut()
+                    .poll(&mut Context::from_waker(waker))
+                    .is_ready()
+                {
+                    Work::Done
+                } else {
+                    Work::Running(future)
+                }
+            }
+        }
+    }
+
+    /// Polls the queued publishes' work in order, acknowledging each finished one whose turn
+    /// it is, and starts those not started yet once the service lets them. Ready once at least
+    /// one was acknowledged.
+    fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let before = self.queued.len();
+        self.session.set_deferred(self.conn_id, true);
+        while let Some(mut front) = self.queued.pop_front() {
+            let work = match front.work {
+                Work::Done => Work::Done,
+                Work::Running(mut future) => {
+                    let waker = self.waker.get(cx.waker());
+                    if future
+                        .as_mut()
+                        .poll(&mut Context::from_waker(waker))
+                        .is_ready()
+                    {
+                        Work::Done
+                    } else {
+                        Work::Running(future)
+                    }
+                }
+                // Everything before it has finished: its turn.
+                Work::NotStarted(publish, service) => self.start(&service, *publish, false, cx),
+            };
+            if matches!(work, Work::Done) {
+                if let Some(ack) = front.ack {
+                    self.send(ack);
+                }
+            } else {
+                front.work = work;
+                self.queued.push_front(front);
+                break;
+            }
+        }
+        self.start_alongside(cx);
+        self.flush_inline();
+        if self.queued.len() < before {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Starts the publishes that wait for their turn while the service lets them run alongside
+    /// the ones under way before them (writes behind writes, say), oldest first.
+    fn start_alongside(&mut self, cx: &mut Context<'_>) {
+        let Some(first) = self
+            .queued
+            .iter()
+            .position(|q| matches!(q.work, Work::NotStarted(..)))
+        else {
+            return;
+        };
+        if first == 0 {
+            return;
+        }
+        for at in first..self.queued.len() {
+            let Some(queued) = self.queued.get_mut(at) else {
+                break;
+            };
+            let Work::NotStarted(publish, service) =
+                std::mem::replace(&mut queued.work, Work::Done)
+            else {
+                break;
+            };
+            let work = self.start(&service, *publish, true, cx);
+            let still_waiting = matches!(work, Work::NotStarted(..));
+            if let Some(queued) = self.queued.get_mut(at) {
+                queued.work = work;
+            }
+            if still_waiting {
+                break;
+            }
+        }
+    }
+
+    /// Waits until every queued publish has finished and been acknowledged.
+    async fn finish_queued(&mut self) {
+        while !self.queued.is_empty() {
+            std::future::poll_fn(|cx| self.poll_queued(cx)).await;
+        }
+    }
+
+    /// The connection has ended: work under way runs to completion on its own; publishes not
+    /// started are dropped, unacknowledged.
+    fn let_running_finish(&mut self) {
+        for queued in self.queued.drain(..) {
+            if let Work::Running(future) = queued.work {
+                tokio::spawn(future);
+            }
+        }
     }
 
     fn subscribe(&mut self, s: codec::Subscribe) -> Result<(), Violation> {

@@ -21,4 +21,6 @@ pub mod topic;
 
 pub use broker::Broker;
 pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
-pub use service::{ClientIdentity, OutboundMessage, Service, ServiceFuture, ServicePublish};
+pub use service::{
+    ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
+};

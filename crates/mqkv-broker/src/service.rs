@@ -8,9 +8,28 @@
 //!
 //! A service runs on the publisher's own connection task: a request is handled without a hand-off
 //! to another task, and a service that needs to wait (for a disk write, say) returns a future
-//! that the connection awaits before it reads the client's next packet. So one client's requests
-//! are handled in the order it sent them, a slow service slows down only the clients publishing
-//! to it (their QoS 1 acknowledgements wait), and the rest of the broker is not held up.
+//! that the connection polls while it goes on reading the client's packets. A client that sends
+//! many requests without waiting for the answers (as the AIO SDKs do when an application makes
+//! concurrent calls over one session) so has them all under way at once: a store's writes from
+//! one connection can share one sync of its log.
+//!
+//! Order, per connection:
+//! - publishes are offered to the service in the order they arrived, and a service starts its
+//!   work in that order (a future's first poll happens before the next publish is offered);
+//! - a publish whose effect must not overlap the connection's earlier publishes still under way
+//!   (a read that must see an earlier write's result, say) is handed back
+//!   ([`Handled::AfterEarlier`]) and offered again once they have all finished; publishes that
+//!   arrive after it wait behind it;
+//! - acknowledgements (PUBACK, PUBREC) go out in the order the publishes arrived, each once its
+//!   own work has finished;
+//! - at most the broker's Receive Maximum of publishes are under way per connection; beyond that
+//!   the connection stops reading until the oldest has finished.
+//!
+//! A connection that ends while work is under way lets the futures run to completion on their
+//! own (their answers go wherever the service sends them, a persistent session's queue, say);
+//! publishes not yet started are dropped unacknowledged, as if they had not arrived. A client
+//! that sends DISCONNECT gets every answer and acknowledgement first. A slow service slows down
+//! only the clients publishing to it, and the rest of the broker is not held up.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -43,15 +62,27 @@ pub struct ServicePublish {
     pub from: ClientIdentity,
 }
 
-/// Work a service still has to finish for a publish; the connection awaits it.
+/// Work a service still has to finish for a publish; the connection polls it to completion.
 pub type ServiceFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// What a service did with a publish.
+pub enum Handled {
+    /// Handled completely.
+    Done,
+    /// Started; the publish is acknowledged once the future has finished.
+    Running(ServiceFuture),
+    /// Not started: it must follow the connection's earlier publishes still under way. Offered
+    /// again once they have finished.
+    AfterEarlier(Box<ServicePublish>),
+}
 
 /// An in-process component that owns some topics.
 pub trait Service: Send + Sync + 'static {
-    /// A PUBLISH to a claimed topic, called on the publisher's connection task. Return `None`
-    /// when it has been handled completely, or a future the connection awaits before it
-    /// acknowledges the PUBLISH and reads the next packet.
-    fn on_publish(&self, publish: ServicePublish) -> Option<ServiceFuture>;
+    /// A PUBLISH to a claimed topic, called on the publisher's connection task in the order the
+    /// connection received them. `earlier_running` says whether publishes this connection sent
+    /// earlier are still under way; only then may the service answer
+    /// [`Handled::AfterEarlier`].
+    fn on_publish(&self, publish: ServicePublish, earlier_running: bool) -> Handled;
 
     /// A client connected (its CONNACK is queued).
     fn on_connect(&self, _who: &ClientIdentity) {}

@@ -113,6 +113,12 @@ impl Server {
         })
     }
 
+    /// What the state store has done to its files so far (log commits, entries written,
+    /// snapshots).
+    pub fn store_stats(&self) -> mqkv_raft::StoreStats {
+        self.node.stats()
+    }
+
     /// Disconnects every client with reason 0x8B and stops.
     pub async fn shutdown(self) {
         self.broker.shutdown(Duration::from_secs(5)).await;

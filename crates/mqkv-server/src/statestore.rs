@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use bytes::Bytes;
 use mqkv_broker::codec::{PropStr, Properties, QoS};
 use mqkv_broker::{
-    Broker, ClientIdentity, OutboundMessage, Service, ServiceFuture, ServicePublish,
+    Broker, ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
@@ -474,9 +474,29 @@ struct Reply {
 /// The service as the broker sees it.
 struct Handle(Arc<StateStoreService>);
 
+/// True for a request that must not start while the same connection's earlier requests are
+/// under way: one that reads the state (GET, SCAN) or changes what the connection observes
+/// (KEYNOTIFY). A request that cannot be parsed is answered with an error at once, whenever.
+fn waits_for_earlier(publish: &ServicePublish) -> bool {
+    publish.topic == REQUEST_TOPIC
+        && matches!(
+            parse_request_bytes(&publish.payload),
+            Ok(Command::Get { .. } | Command::Scan { .. } | Command::KeyNotify { .. })
+        )
+}
+
 impl Service for Handle {
-    fn on_publish(&self, publish: ServicePublish) -> Option<ServiceFuture> {
-        self.0.request(publish)
+    /// Writes run alongside the connection's earlier writes still under way: the log keeps
+    /// them in the order they were proposed, which is the order they arrived. Reads and
+    /// KEYNOTIFY wait for them, so a client sees its own earlier writes.
+    fn on_publish(&self, publish: ServicePublish, earlier_running: bool) -> Handled {
+        if earlier_running && waits_for_earlier(&publish) {
+            return Handled::AfterEarlier(Box::new(publish));
+        }
+        match self.0.request(publish) {
+            Some(future) => Handled::Running(future),
+            None => Handled::Done,
+        }
     }
 
     fn on_disconnect(&self, who: &ClientIdentity) {
