@@ -310,8 +310,8 @@ fn series_for(
     out
 }
 
-/// The standard chart: state store SET/GET/mix at one value size, pub/sub fan-in and fan-out,
-/// notification fan-out and connection storms.
+/// The standard chart: state store SET/GET/mix at one value size, SET pipelined on one
+/// connection, pub/sub fan-in and fan-out, notification fan-out and connection storms.
 pub fn throughput_chart(results: &[RunResult], path: &Path) -> Result<()> {
     let sizes: Vec<usize> = results
         .iter()
@@ -343,6 +343,10 @@ pub fn throughput_chart(results: &[RunResult], path: &Path) -> Result<()> {
         Panel {
             title: format!("90/10 GET/SET {size_label} (ops/s)"),
             series: series_for(results, "mix", &kv, size, None),
+        },
+        Panel {
+            title: "SET 16B, 1 connection, x = in flight (ops/s)".to_owned(),
+            series: series_for(results, "set-pipelined", &kv, Some(16), None),
         },
     ];
     for (wl, title) in [

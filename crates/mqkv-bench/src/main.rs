@@ -22,10 +22,11 @@ use report::RunResult;
 use servers::{Binaries, Server, Target};
 use workloads::{KvMode, Settings};
 
-const ALL_WORKLOADS: [&str; 10] = [
+const ALL_WORKLOADS: [&str; 11] = [
     "set",
     "get",
     "mix",
+    "pipe",
     "notify",
     "fanin",
     "fanout",
@@ -39,8 +40,9 @@ const ALL_WORKLOADS: [&str; 10] = [
 #[command(
     name = "mqkv-bench",
     about = "Benchmarks mqkv against Mosquitto and Redis on this machine",
-    after_help = "Workloads: set, get, mix (state store, with Redis as anchor); notify (key \
-                  notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
+    after_help = "Workloads: set, get, mix (state store, with Redis as anchor); pipe (SET with \
+                  many requests in flight on one connection, with Redis pipelining as anchor); \
+                  notify (key notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
                   Mosquitto); rate (QoS 1 latency at a fixed rate); storm (connects per \
                   second); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
 )]
@@ -70,6 +72,10 @@ struct Args {
     /// Client counts for durable (`--storage disk`) SET [default: 1,16,64; smoke 1,4].
     #[arg(long, value_delimiter = ',')]
     disk_clients: Option<Vec<usize>>,
+    /// Requests in flight on the one connection of `pipe`, comma separated [default: 16,256;
+    /// smoke 4].
+    #[arg(long, value_delimiter = ',')]
+    pipeline_depths: Option<Vec<usize>>,
     /// Concurrent clients for the connection storm [default: 1,16,64; smoke 1,4].
     #[arg(long, value_delimiter = ',')]
     storm_clients: Option<Vec<usize>>,
@@ -129,6 +135,7 @@ struct Plan {
     clients: Vec<usize>,
     value_sizes: Vec<usize>,
     disk_clients: Vec<usize>,
+    pipeline_depths: Vec<usize>,
     storm_clients: Vec<usize>,
     workloads: Vec<String>,
 }
@@ -163,6 +170,13 @@ fn plan(a: &Args) -> Result<Plan> {
     if clients.contains(&0) {
         bail!("--clients must be positive");
     }
+    // The server accepts 1,024 unacknowledged QoS 1 requests per connection by default.
+    if a.pipeline_depths
+        .as_ref()
+        .is_some_and(|d| d.iter().any(|&d| d == 0 || d > 1024))
+    {
+        bail!("--pipeline-depths must be from 1 to 1024");
+    }
     let value_sizes = a.value_sizes.clone().unwrap_or_else(|| {
         if smoke {
             vec![16, 1024]
@@ -189,6 +203,7 @@ fn plan(a: &Args) -> Result<Plan> {
         clients,
         value_sizes,
         disk_clients: list(&a.disk_clients, &[1, 16, 64], &[1, 4]),
+        pipeline_depths: list(&a.pipeline_depths, &[16, 256], &[4]),
         storm_clients: list(&a.storm_clients, &[1, 16, 64], &[1, 4]),
         workloads,
     })
@@ -198,6 +213,8 @@ fn plan(a: &Args) -> Result<Plan> {
 #[derive(Debug, Clone)]
 enum Job {
     Kv(KvMode, usize, usize),
+    /// SET pipelined on one connection: depth, value size.
+    Pipe(usize, usize),
     Notify(usize),
     PubSub(bool, QoS, usize),
     Rate,
@@ -238,6 +255,21 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
                             if has(Target::RedisAof) {
                                 out.push((Target::RedisAof, Job::Kv(mode, c, size)));
                             }
+                        }
+                    }
+                }
+            }
+            "pipe" => {
+                // 16-byte values: what is measured is the round trip, not the bytes.
+                for &depth in &p.pipeline_depths {
+                    for t in [
+                        Target::Mqkv,
+                        Target::MqkvDisk,
+                        Target::Redis,
+                        Target::RedisAof,
+                    ] {
+                        if has(t) {
+                            out.push((t, Job::Pipe(depth, 16)));
                         }
                     }
                 }
@@ -297,6 +329,7 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
 fn workload_name(job: &Job) -> &'static str {
     match job {
         Job::Kv(m, ..) => m.name(),
+        Job::Pipe(..) => "set-pipelined",
         Job::Notify(_) => "notify",
         Job::PubSub(true, ..) => "pubsub-fanin",
         Job::PubSub(false, ..) => "pubsub-fanout",
@@ -309,7 +342,11 @@ fn workload_name(job: &Job) -> &'static str {
 
 fn job_clients(job: &Job, s: &Settings) -> usize {
     match job {
-        Job::Kv(_, c, _) | Job::Notify(c) | Job::PubSub(_, _, c) | Job::Storm(c) => *c,
+        Job::Kv(_, c, _)
+        | Job::Pipe(c, _)
+        | Job::Notify(c)
+        | Job::PubSub(_, _, c)
+        | Job::Storm(c) => *c,
         Job::Rate => 1,
         Job::MemConns => s.idle_connections,
         Job::MemKeys => 64,
@@ -348,6 +385,7 @@ fn run_job(
     let result = rt.block_on(async {
         match job {
             Job::Kv(mode, c, size) => workloads::kv(*mode, &server, *c, *size, s).await,
+            Job::Pipe(depth, size) => workloads::pipelined(&server, *depth, *size, s).await,
             Job::Notify(c) => workloads::notify(&server, *c, s).await,
             Job::PubSub(fanin, qos, c) => workloads::pubsub(*fanin, *qos, &server, *c, s).await,
             Job::Rate => workloads::rate(&server, s).await,
@@ -543,6 +581,7 @@ fn run(args: Args) -> Result<()> {
                 "clients": plan.clients,
                 "value_sizes": plan.value_sizes,
                 "disk_clients": plan.disk_clients,
+                "pipeline_depths": plan.pipeline_depths,
                 "storm_clients": plan.storm_clients,
                 "workloads": plan.workloads,
                 "rate": s.rate,

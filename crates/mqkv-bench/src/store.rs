@@ -218,6 +218,58 @@ impl StoreClient {
         answer
     }
 
+    /// Appends a SET of `key_index` to `out` without sending it, for a client with many
+    /// requests in flight. Returns its sequence number, the second half of its correlation
+    /// data.
+    pub fn queue_set(&mut self, key_index: u64, out: &mut BytesMut) -> Result<u64> {
+        self.seq += 1;
+        let pid = self.conn.ids.next();
+        let Some(req) = self.set.as_mut() else {
+            bail!("request template in use");
+        };
+        out.extend_from_slice(req.prepare(pid, self.tag, self.seq, key_index));
+        Ok(self.seq)
+    }
+
+    /// Reads until at least one response is buffered, then takes every buffered response:
+    /// `(sequence number, answered +OK with status 200)` each, in the order they came. Their
+    /// acknowledgements go out with the next write.
+    pub async fn take_set_answers(&mut self, out: &mut Vec<(u64, bool)>) -> Result<()> {
+        let start = out.len();
+        loop {
+            while let Some((header, body)) = peek_frame(&self.conn.rbuf)? {
+                match header >> 4 {
+                    PUBLISH => {
+                        let publish = PublishRef::parse(header, &self.conn.rbuf[body.clone()])?;
+                        if publish.qos > 0 {
+                            put_puback(&mut self.conn.wbuf, publish.packet_id);
+                        }
+                        let props = scan_props(publish.properties)?;
+                        let seq = props
+                            .correlation
+                            .and_then(|c| c.get(8..16))
+                            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                            .map_or(0, u64::from_be_bytes);
+                        out.push((seq, props.status_ok && publish.payload == b"+OK\r\n"));
+                    }
+                    crate::mqtt::DISCONNECT => bail!("server disconnected"),
+                    _ => {}
+                }
+                self.conn.rbuf.advance(body.end);
+            }
+            if out.len() > start {
+                return Ok(());
+            }
+            self.conn.fill().await?;
+        }
+    }
+
+    /// Sends what [`StoreClient::queue_set`] queued, with the pending acknowledgements, in one
+    /// write.
+    pub async fn send_queued(&mut self, requests: &[u8]) -> Result<()> {
+        self.conn.send(requests).await
+    }
+
     /// Sends another command once (KEYNOTIFY and the like). Its key must be
     /// `key_bytes(key_index)`.
     pub async fn call_command(&mut self, command: &Command, key_index: u64) -> Result<StoreAnswer> {
@@ -348,6 +400,41 @@ impl RedisClient {
         );
         self.stream.write_all(&self.get).await?;
         Ok(self.reply().await? == Reply::Bulk)
+    }
+
+    /// Appends a SET of `key_index` to `out` without sending it (pipelining).
+    pub fn queue_set(&mut self, key_index: u64, out: &mut BytesMut) {
+        put_digits(
+            &mut self.set[self.set_key..self.set_key + KEY_DIGITS],
+            key_index,
+        );
+        out.extend_from_slice(&self.set);
+    }
+
+    /// Reads until at least one reply is buffered, then takes every buffered reply: whether
+    /// each was `+OK`, in order.
+    pub async fn take_set_replies(&mut self, out: &mut Vec<bool>) -> Result<()> {
+        let start = out.len();
+        loop {
+            while let Some((reply, used)) = parse_reply(&self.rbuf)? {
+                let _ = self.rbuf.split_to(used);
+                out.push(reply == Reply::Simple);
+            }
+            if out.len() > start {
+                return Ok(());
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+                self.rbuf.reserve(64 * 1024);
+            }
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                bail!("connection closed by redis");
+            }
+        }
+    }
+
+    /// Sends requests queued with [`RedisClient::queue_set`] in one write.
+    pub async fn send_queued(&mut self, requests: &[u8]) -> Result<()> {
+        Ok(self.stream.write_all(requests).await?)
     }
 
     async fn reply(&mut self) -> Result<Reply> {

@@ -332,6 +332,163 @@ pub async fn kv(
 }
 
 // ---------------------------------------------------------------------------------------------
+// State store: SET pipelined on one connection.
+
+/// Keys one pipelining client cycles through.
+const PIPELINE_KEYS: u64 = 1024;
+
+enum PipeConn {
+    Mqkv(StoreClient),
+    Redis(RedisClient),
+}
+
+/// SET over one connection with `depth` requests in flight, as an application makes concurrent
+/// calls through one SDK client (or one Redis connection, pipelining). Each time answers
+/// arrive, as many new requests go out, in one write. Answers come back in request order on
+/// both servers; one that does not is counted as an error. Latency is from a request's write
+/// to its answer's read. The `clients` column holds the depth.
+pub async fn pipelined(
+    server: &Server,
+    depth: usize,
+    value_size: usize,
+    s: &Settings,
+) -> RunResult {
+    let mut r = RunResult::new("set-pipelined", server.target, depth);
+    r.value_size = Some(value_size);
+    let conn = if server.target.is_redis() {
+        within(
+            SETUP_TIMEOUT,
+            "connect",
+            RedisClient::connect(server.addr, value_size),
+        )
+        .await
+        .map(PipeConn::Redis)
+    } else {
+        within(
+            SETUP_TIMEOUT,
+            "connect",
+            StoreClient::connect(server.addr, "bench-pipe".to_owned(), 0, value_size),
+        )
+        .await
+        .map(PipeConn::Mqkv)
+    };
+    let conn = match conn {
+        Ok(c) => c,
+        Err(e) => {
+            r.failed = Some(format!("set-up: {e:#}"));
+            return r;
+        }
+    };
+    let start = Instant::now() + s.warmup;
+    let end = start + s.duration;
+    let run = tokio::spawn(pipeline_loop(conn, depth, start, end));
+    tokio::time::sleep_until(start.into()).await;
+    let (srv0, me0) = (server.cpu_seconds(), self_cpu_seconds());
+    tokio::time::sleep_until(end.into()).await;
+    let (srv1, me1) = (server.cpu_seconds(), self_cpu_seconds());
+    let joined = tokio::time::timeout_at((end + OP_TIMEOUT).into(), run).await;
+    let (hist, ops, errors) = match joined {
+        Ok(Ok(Ok(counts))) => counts,
+        Ok(Ok(Err(e))) => {
+            r.failed = Some(format!("{e:#}"));
+            return r;
+        }
+        Ok(Err(e)) => {
+            r.failed = Some(format!("client task: {e}"));
+            return r;
+        }
+        Err(_) => {
+            r.failed = Some(format!("no answer {OP_TIMEOUT:?} after the window ended"));
+            return r;
+        }
+    };
+    Outcome {
+        ops,
+        errors,
+        hist,
+        window: s.duration,
+        server_cpu: (srv1 - srv0) / s.duration.as_secs_f64(),
+        bench_cpu: (me1 - me0) / s.duration.as_secs_f64(),
+        failures: Vec::new(),
+    }
+    .fill(&mut r, 1.0);
+    r.extra.insert("depth".into(), json!(depth));
+    r
+}
+
+/// Keeps `depth` SETs in flight until `end`, then collects the answers still due. Counts the
+/// requests written from `start` on.
+async fn pipeline_loop(
+    mut conn: PipeConn,
+    depth: usize,
+    start: Instant,
+    end: Instant,
+) -> Result<(Histogram<u64>, u64, u64)> {
+    let mut hist = new_histogram();
+    let (mut ops, mut errors) = (0u64, 0u64);
+    // Sequence number (mqkv's correlation; Redis answers in order) and write time of every
+    // request in flight, oldest first.
+    let mut in_flight: std::collections::VecDeque<(u64, Instant)> =
+        std::collections::VecDeque::with_capacity(depth);
+    let mut out = BytesMut::new();
+    let mut answers: Vec<(u64, bool)> = Vec::new();
+    let mut replies: Vec<bool> = Vec::new();
+    let mut next_key = 0u64;
+    let mut redis_seq = 0u64;
+    let mut to_send = depth;
+    loop {
+        let now = Instant::now();
+        if now < end {
+            for _ in 0..to_send {
+                next_key = (next_key + 1) % PIPELINE_KEYS;
+                let seq = match &mut conn {
+                    PipeConn::Mqkv(c) => c.queue_set(next_key, &mut out)?,
+                    PipeConn::Redis(c) => {
+                        c.queue_set(next_key, &mut out);
+                        redis_seq += 1;
+                        redis_seq
+                    }
+                };
+                in_flight.push_back((seq, now));
+            }
+            match &mut conn {
+                PipeConn::Mqkv(c) => c.send_queued(&out).await?,
+                PipeConn::Redis(c) => c.send_queued(&out).await?,
+            }
+            out.clear();
+        }
+        if in_flight.is_empty() {
+            return Ok((hist, ops, errors));
+        }
+        answers.clear();
+        match &mut conn {
+            PipeConn::Mqkv(c) => c.take_set_answers(&mut answers).await?,
+            PipeConn::Redis(c) => {
+                replies.clear();
+                c.take_set_replies(&mut replies).await?;
+                answers.extend(replies.iter().map(|ok| (0, *ok)));
+            }
+        }
+        let now = Instant::now();
+        for &(seq, ok) in &answers {
+            let Some((sent_seq, sent)) = in_flight.pop_front() else {
+                bail!("an answer to no request");
+            };
+            let in_order = seq == 0 || seq == sent_seq;
+            if sent >= start && sent < end {
+                if ok && in_order {
+                    hist.saturating_record((now - sent).as_nanos() as u64);
+                    ops += 1;
+                } else {
+                    errors += 1;
+                }
+            }
+        }
+        to_send = answers.len();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // MQTT pub/sub: fan-in and fan-out at QoS 0 and 1.
 
 /// One publisher's message in flight: which sequence number, and how many deliveries are

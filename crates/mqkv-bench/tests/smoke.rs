@@ -104,6 +104,7 @@ fn smoke_run_reports_every_workload() {
         ("set", true),
         ("get", true),
         ("mix", true),
+        ("set-pipelined", true),
         ("notify", true),
         ("pubsub-fanin", true),
         ("pubsub-fanout", true),
@@ -115,6 +116,7 @@ fn smoke_run_reports_every_workload() {
         check_present(&doc, workload, "mqkv", latency);
     }
     check_present(&doc, "set", "mqkv-disk", true);
+    check_present(&doc, "set-pipelined", "mqkv-disk", true);
     for r in results_for(&doc, "mem-idle-conns", "mqkv") {
         assert!(r["extra"]["bytes_per_connection"].is_number());
     }
@@ -137,10 +139,11 @@ fn smoke_run_reports_every_workload() {
         assert!(!notes.is_empty(), "an anchor is missing without a reason");
     }
     if has_redis {
-        for wl in ["set", "get", "mix"] {
+        for wl in ["set", "get", "mix", "set-pipelined"] {
             check_present(&doc, wl, "redis", true);
         }
         check_present(&doc, "set", "redis-aof", true);
+        check_present(&doc, "set-pipelined", "redis-aof", true);
         check_present(&doc, "mem-keys", "redis", false);
     }
     if has_mosquitto {
