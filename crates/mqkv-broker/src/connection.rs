@@ -22,7 +22,7 @@ use tokio::sync::Notify;
 use crate::auth::AuthRequest;
 use crate::broker::{identity, Inner};
 use crate::codec::{self, reason, Ack, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
-use crate::service::{Handled, Service, ServiceFuture, ServicePublish};
+use crate::service::{Handled, OutboundMessage, Service, ServiceFuture, ServicePublish};
 use crate::session::{Delivery, Link, Message, Session};
 use crate::subtree::ClientId;
 use crate::topic;
@@ -490,15 +490,18 @@ struct Conn {
     queued: VecDeque<Queued>,
 }
 
-/// A publish to a service, waiting for its work or for earlier acknowledgements.
+/// A publish to a service, waiting for its work or for earlier answers and acknowledgements.
 struct Queued {
     work: Work,
     /// PUBACK or PUBREC to send once it is this publish's turn; none at QoS 0.
     ack: Option<Packet>,
 }
 
+// Held unboxed like [`Handled`]: an allocation per request costs more than the moves.
+#[allow(clippy::large_enum_variant)]
 enum Work {
-    Done,
+    /// Finished; the answer to publish when it is this publish's turn.
+    Done(Option<OutboundMessage>),
     Running(ServiceFuture),
     /// Handed back by the service: started once every earlier publish has finished.
     NotStarted(Box<ServicePublish>, Arc<dyn Service>),
@@ -921,15 +924,31 @@ impl Conn {
         Ok(())
     }
 
-    /// Sends an acknowledgement, after those of the publishes still queued: they arrived first.
+    /// Sends an acknowledgement, after the answers and acknowledgements of the publishes still
+    /// queued: they arrived first.
     fn acknowledge(&mut self, ack: Packet) {
+        self.finished(None, Some(ack));
+    }
+
+    /// A publish whose work is done: its answer is published and its acknowledgement sent now,
+    /// or after those of the publishes still queued.
+    fn finished(&mut self, answer: Option<OutboundMessage>, ack: Option<Packet>) {
         if self.queued.is_empty() {
-            self.send(ack);
-        } else {
+            self.answer_and_ack(answer, ack);
+        } else if answer.is_some() || ack.is_some() {
             self.queued.push_back(Queued {
-                work: Work::Done,
-                ack: Some(ack),
+                work: Work::Done(answer),
+                ack,
             });
+        }
+    }
+
+    fn answer_and_ack(&self, answer: Option<OutboundMessage>, ack: Option<Packet>) {
+        if let Some(answer) = answer {
+            self.inner.route(Arc::new(Message::from_service(answer)));
+        }
+        if let Some(ack) = ack {
+            self.send(ack);
         }
     }
 
@@ -962,14 +981,10 @@ impl Conn {
                 Poll::Ready(publish.take().map(|p| self.start(&service, p, earlier, cx)))
             })
             .await
-            .unwrap_or(Work::Done)
+            .unwrap_or(Work::Done(None))
         };
         match work {
-            Work::Done => {
-                if let Some(ack) = ack {
-                    self.acknowledge(ack);
-                }
-            }
+            Work::Done(answer) => self.finished(answer, ack),
             work => self.queued.push_back(Queued { work, ack }),
         }
     }
@@ -987,7 +1002,7 @@ impl Conn {
         // finishes it goes out with its acknowledgement, in one write.
         self.session.set_deferred(self.conn_id, true);
         match service.on_publish(publish, earlier_running) {
-            Handled::Done => Work::Done,
+            Handled::Done(answer) => Work::Done(answer),
             Handled::AfterEarlier(publish) if earlier_running => {
                 Work::NotStarted(publish, service.clone())
             }
@@ -995,55 +1010,41 @@ impl Conn {
                 // Nothing earlier is under way: a service that hands it back anyway would see
                 // it again at once, for ever. Dropped, as a service error.
                 tracing::warn!(client_id = %self.client_id, topic = %publish.topic, "a service handed back a publish with nothing before it; dropped");
-                Work::Done
+                Work::Done(None)
             }
-            Handled::Running(mut future) => {
-                let waker = self.waker.get(cx.waker());
-                if future
-                    .as_mut()
-                    .poll(&mut Context::from_waker(waker))
-                    .is_ready()
-                {
-                    Work::Done
-                } else {
-                    Work::Running(future)
-                }
-            }
+            Handled::Running(future) => self.poll_work(future, cx),
         }
     }
 
-    /// Polls the queued publishes' work in order, acknowledging each finished one whose turn
-    /// it is, and starts those not started yet once the service lets them. Ready once at least
-    /// one was acknowledged.
+    /// Polls a service's future once.
+    fn poll_work(&mut self, mut future: ServiceFuture, cx: &mut Context<'_>) -> Work {
+        let waker = self.waker.get(cx.waker());
+        match future.as_mut().poll(&mut Context::from_waker(waker)) {
+            Poll::Ready(answer) => Work::Done(answer),
+            Poll::Pending => Work::Running(future),
+        }
+    }
+
+    /// Polls the queued publishes' work in order, answering and acknowledging each finished one
+    /// whose turn it is, and starts those not started yet once the service lets them. Ready
+    /// once at least one was acknowledged.
     fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let before = self.queued.len();
         self.session.set_deferred(self.conn_id, true);
         while let Some(mut front) = self.queued.pop_front() {
             let work = match front.work {
-                Work::Done => Work::Done,
-                Work::Running(mut future) => {
-                    let waker = self.waker.get(cx.waker());
-                    if future
-                        .as_mut()
-                        .poll(&mut Context::from_waker(waker))
-                        .is_ready()
-                    {
-                        Work::Done
-                    } else {
-                        Work::Running(future)
-                    }
-                }
+                Work::Done(answer) => Work::Done(answer),
+                Work::Running(future) => self.poll_work(future, cx),
                 // Everything before it has finished: its turn.
                 Work::NotStarted(publish, service) => self.start(&service, *publish, false, cx),
             };
-            if matches!(work, Work::Done) {
-                if let Some(ack) = front.ack {
-                    self.send(ack);
+            match work {
+                Work::Done(answer) => self.answer_and_ack(answer, front.ack),
+                work => {
+                    front.work = work;
+                    self.queued.push_front(front);
+                    break;
                 }
-            } else {
-                front.work = work;
-                self.queued.push_front(front);
-                break;
             }
         }
         self.start_alongside(cx);
@@ -1073,7 +1074,7 @@ impl Conn {
                 break;
             };
             let Work::NotStarted(publish, service) =
-                std::mem::replace(&mut queued.work, Work::Done)
+                std::mem::replace(&mut queued.work, Work::Done(None))
             else {
                 break;
             };
@@ -1095,12 +1096,24 @@ impl Conn {
         }
     }
 
-    /// The connection has ended: work under way runs to completion on its own; publishes not
-    /// started are dropped, unacknowledged.
+    /// The connection has ended: work under way runs to completion on its own and its answers
+    /// are published (a persistent session keeps them); publishes not started are dropped,
+    /// unacknowledged.
     fn let_running_finish(&mut self) {
         for queued in self.queued.drain(..) {
-            if let Work::Running(future) = queued.work {
-                tokio::spawn(future);
+            let inner = self.inner.clone();
+            match queued.work {
+                Work::Running(future) => {
+                    tokio::spawn(async move {
+                        if let Some(answer) = future.await {
+                            inner.route(Arc::new(Message::from_service(answer)));
+                        }
+                    });
+                }
+                Work::Done(Some(answer)) => {
+                    inner.route(Arc::new(Message::from_service(answer)));
+                }
+                Work::Done(None) | Work::NotStarted(..) => {}
             }
         }
     }

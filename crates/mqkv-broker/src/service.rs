@@ -20,8 +20,12 @@
 //!   (a read that must see an earlier write's result, say) is handed back
 //!   ([`Handled::AfterEarlier`]) and offered again once they have all finished; publishes that
 //!   arrive after it wait behind it;
-//! - acknowledgements (PUBACK, PUBREC) go out in the order the publishes arrived, each once its
-//!   own work has finished;
+//! - a service hands its answer to a publish (a response message, say) back to the connection
+//!   rather than publishing it: the connection publishes each answer, then sends the
+//!   acknowledgement (PUBACK, PUBREC), once the publish's own work has finished and every
+//!   earlier publish's answer and acknowledgement have gone out. So answers and
+//!   acknowledgements keep the order the publishes arrived in, even when later work finishes
+//!   first;
 //! - at most the broker's Receive Maximum of publishes are under way per connection; beyond that
 //!   the connection stops reading until the oldest has finished.
 //!
@@ -63,13 +67,19 @@ pub struct ServicePublish {
 }
 
 /// Work a service still has to finish for a publish; the connection polls it to completion.
-pub type ServiceFuture = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// Its output is the answer to publish, if any (see [`Handled::Done`]).
+pub type ServiceFuture = Pin<Box<dyn Future<Output = Option<OutboundMessage>> + Send + 'static>>;
 
 /// What a service did with a publish.
+// An answer is moved a few times on its way out; boxing it would cost an allocation per
+// request instead.
+#[allow(clippy::large_enum_variant)]
 pub enum Handled {
-    /// Handled completely.
-    Done,
-    /// Started; the publish is acknowledged once the future has finished.
+    /// Handled completely. The connection publishes the answer, if any, when the publish's turn
+    /// comes (routed as [`crate::Broker::publish`] routes), then acknowledges the publish.
+    Done(Option<OutboundMessage>),
+    /// Started; the future's output is the answer, published and followed by the
+    /// acknowledgement once it has finished and it is the publish's turn.
     Running(ServiceFuture),
     /// Not started: it must follow the connection's earlier publishes still under way. Offered
     /// again once they have finished.

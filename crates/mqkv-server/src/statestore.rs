@@ -21,9 +21,7 @@ use parking_lot::Mutex;
 
 use bytes::Bytes;
 use mqkv_broker::codec::{PropStr, Properties, QoS};
-use mqkv_broker::{
-    Broker, ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
-};
+use mqkv_broker::{Broker, ClientIdentity, Handled, OutboundMessage, Service, ServicePublish};
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
     is_reserved_response_topic, notification_topic, parse_request_bytes, response, Command, Hlc,
@@ -257,18 +255,19 @@ impl StateStoreService {
     }
 
     /// Handles one request: reads and KEYNOTIFY at once, writes through the log (the returned
-    /// future finishes when the write is durable and answered).
-    fn request(self: &Arc<Self>, mut p: ServicePublish) -> Option<ServiceFuture> {
+    /// future finishes when the write is durable and applied). The answer goes back to the
+    /// connection, which publishes it in the order the requests arrived.
+    fn request(self: &Arc<Self>, mut p: ServicePublish) -> Handled {
         if p.topic != REQUEST_TOPIC {
             tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
-            return None;
+            return Handled::Done(None);
         }
         let (Some(response_topic), Some(correlation)) = (
             p.properties.response_topic.take(),
             p.properties.correlation_data.take(),
         ) else {
             tracing::warn!(client_id = %p.from.client_id, "state store request without response topic or correlation data dropped");
-            return None;
+            return Handled::Done(None);
         };
         if is_reserved_response_topic(&response_topic) {
             tracing::warn!(client_id = %p.from.client_id, %response_topic, "state store request with a reserved response topic: client disconnected");
@@ -277,7 +276,7 @@ impl StateStoreService {
                 p.from.connection_id,
                 RESERVED_RESPONSE_TOPIC_REASON,
             );
-            return None;
+            return Handled::Done(None);
         }
         let reply = Reply {
             topic: response_topic,
@@ -293,9 +292,7 @@ impl StateStoreService {
         };
         if let Some(v) = user(prop::PROTOCOL_VERSION) {
             if !mqkv_protocol::protocol_version_supported(v) {
-                let v = v.to_owned();
-                self.unsupported_version(reply, &v);
-                return None;
+                return Handled::Done(Some(unsupported_version(reply, v)));
             }
         }
         let now = now_ms();
@@ -311,16 +308,12 @@ impl StateStoreService {
         });
         let mut request = match parsed {
             Ok(r) => r,
-            Err(kind) => {
-                self.respond(reply, &Response::Error(kind), None);
-                return None;
-            }
+            Err(kind) => return Handled::Done(Some(respond(reply, &Response::Error(kind), None))),
         };
         if let Err(kind) = mqkv_store::validate(&request, now) {
-            self.respond(reply, &Response::Error(kind), None);
-            return None;
+            return Handled::Done(Some(respond(reply, &Response::Error(kind), None)));
         }
-        match &request.command {
+        let answer = match &request.command {
             Command::KeyNotify { key, stop } => {
                 let mut observers = self.notifier.observers.lock();
                 let response = if *stop {
@@ -334,7 +327,7 @@ impl StateStoreService {
                     Response::Ok
                 };
                 drop(observers);
-                self.respond(reply, &response, None);
+                respond(reply, &response, None)
             }
             Command::Get { key } => {
                 // Encoded straight from the stored value, which is not copied first, and its
@@ -346,13 +339,13 @@ impl StateStoreService {
                     })
                 });
                 match hit {
-                    Some((payload, version)) => self.respond_payload(reply, payload, Some(version)),
-                    None => self.respond(reply, &Response::Nil, None),
+                    Some((payload, version)) => respond_payload(reply, payload, Some(version)),
+                    None => respond(reply, &Response::Nil, None),
                 }
             }
             Command::Scan { pattern, token } => {
                 let page = self.node.read(|m| m.scan(pattern, token.as_deref(), now));
-                self.respond(reply, &page, None);
+                respond(reply, &page, None)
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
                 let window = reply
@@ -364,103 +357,105 @@ impl StateStoreService {
                     expires_at_ms: now.saturating_add(window),
                 });
                 let me = self.clone();
-                return Some(Box::pin(async move {
+                return Handled::Running(Box::pin(async move {
                     let entry = Entry {
                         now_ms: now,
                         op: Op::Request(request),
                     };
-                    match me.node.write(entry).await {
-                        Ok(applied) => {
-                            me.respond(reply, &applied.response, applied.version.as_ref())
-                        }
+                    Some(match me.node.write(entry).await {
+                        Ok(applied) => respond(reply, &applied.response, applied.version.as_ref()),
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
-                            me.unavailable(reply, &e.to_string());
+                            unavailable(reply, &e.to_string())
                         }
-                    }
+                    })
                 }));
             }
-        }
-        None
+        };
+        Handled::Done(Some(answer))
     }
+}
 
-    fn respond(&self, reply: Reply, response: &Response, version: Option<&Hlc>) {
-        self.respond_payload(reply, response.encode(), version.map(Hlc::to_text));
+fn respond(reply: Reply, response: &Response, version: Option<&Hlc>) -> OutboundMessage {
+    respond_payload(reply, response.encode(), version.map(Hlc::to_text))
+}
+
+/// An answer with status 200 and an already encoded response.
+fn respond_payload(reply: Reply, payload: Bytes, version: Option<String>) -> OutboundMessage {
+    let mut user_properties = Vec::with_capacity(3);
+    user_properties.push((
+        PropStr::Borrowed(prop::STATUS),
+        PropStr::Borrowed(prop::STATUS_OK),
+    ));
+    user_properties.push((
+        PropStr::Borrowed(prop::PROTOCOL_VERSION),
+        PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
+    ));
+    if let Some(v) = version {
+        user_properties.push((PropStr::Borrowed(prop::TIMESTAMP), PropStr::Owned(v)));
     }
+    answer(reply, payload, user_properties)
+}
 
-    /// Answers with status 200 and an already encoded response.
-    fn respond_payload(&self, reply: Reply, payload: Bytes, version: Option<String>) {
-        let mut user_properties = Vec::with_capacity(3);
-        user_properties.push((
+fn unsupported_version(reply: Reply, requested: &str) -> OutboundMessage {
+    let user_properties = vec![
+        (
             PropStr::Borrowed(prop::STATUS),
-            PropStr::Borrowed(prop::STATUS_OK),
-        ));
-        user_properties.push((
+            PropStr::Borrowed(prop::STATUS_VERSION_NOT_SUPPORTED),
+        ),
+        (
+            PropStr::Borrowed(prop::STATUS_MESSAGE),
+            PropStr::Owned(format!("protocol version {requested} is not supported")),
+        ),
+        (
+            PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS),
+            PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS_VALUE),
+        ),
+        (
+            PropStr::Borrowed(prop::REQUEST_PROTOCOL_VERSION),
+            PropStr::Owned(requested.to_owned()),
+        ),
+        (
             PropStr::Borrowed(prop::PROTOCOL_VERSION),
             PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
-        ));
-        if let Some(v) = version {
-            user_properties.push((PropStr::Borrowed(prop::TIMESTAMP), PropStr::Owned(v)));
-        }
-        self.send(reply, payload, user_properties);
-    }
+        ),
+    ];
+    answer(reply, Bytes::new(), user_properties)
+}
 
-    fn unsupported_version(&self, reply: Reply, requested: &str) {
-        let user_properties = vec![
-            (
-                PropStr::Borrowed(prop::STATUS),
-                PropStr::Borrowed(prop::STATUS_VERSION_NOT_SUPPORTED),
-            ),
-            (
-                PropStr::Borrowed(prop::STATUS_MESSAGE),
-                PropStr::Owned(format!("protocol version {requested} is not supported")),
-            ),
-            (
-                PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS),
-                PropStr::Borrowed(prop::SUPPORTED_MAJOR_VERSIONS_VALUE),
-            ),
-            (
-                PropStr::Borrowed(prop::REQUEST_PROTOCOL_VERSION),
-                PropStr::Owned(requested.to_owned()),
-            ),
-            (
-                PropStr::Borrowed(prop::PROTOCOL_VERSION),
-                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
-            ),
-        ];
-        self.send(reply, Bytes::new(), user_properties);
-    }
+/// The store could not take the request (it is shutting down or its disk failed).
+fn unavailable(reply: Reply, why: &str) -> OutboundMessage {
+    let user_properties = vec![
+        (PropStr::Borrowed(prop::STATUS), PropStr::Borrowed("503")),
+        (
+            PropStr::Borrowed(prop::STATUS_MESSAGE),
+            PropStr::Owned(why.to_owned()),
+        ),
+        (
+            PropStr::Borrowed(prop::PROTOCOL_VERSION),
+            PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
+        ),
+    ];
+    answer(reply, Bytes::new(), user_properties)
+}
 
-    /// The store could not take the request (it is shutting down or its disk failed).
-    fn unavailable(&self, reply: Reply, why: &str) {
-        let user_properties = vec![
-            (PropStr::Borrowed(prop::STATUS), PropStr::Borrowed("503")),
-            (
-                PropStr::Borrowed(prop::STATUS_MESSAGE),
-                PropStr::Owned(why.to_owned()),
-            ),
-            (
-                PropStr::Borrowed(prop::PROTOCOL_VERSION),
-                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
-            ),
-        ];
-        self.send(reply, Bytes::new(), user_properties);
-    }
-
-    fn send(&self, reply: Reply, payload: Bytes, user_properties: Vec<(PropStr, PropStr)>) {
-        self.broker.publish(OutboundMessage {
-            topic: reply.topic,
-            payload,
-            qos: QoS::AtLeastOnce,
-            retain: false,
-            properties: Properties {
-                content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
-                correlation_data: Some(reply.correlation),
-                message_expiry_interval: reply.expiry,
-                user_properties,
-                ..Default::default()
-            },
-        });
+fn answer(
+    reply: Reply,
+    payload: Bytes,
+    user_properties: Vec<(PropStr, PropStr)>,
+) -> OutboundMessage {
+    OutboundMessage {
+        topic: reply.topic,
+        payload,
+        qos: QoS::AtLeastOnce,
+        retain: false,
+        properties: Properties {
+            content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
+            correlation_data: Some(reply.correlation),
+            message_expiry_interval: reply.expiry,
+            user_properties,
+            ..Default::default()
+        },
     }
 }
 
@@ -493,10 +488,7 @@ impl Service for Handle {
         if earlier_running && waits_for_earlier(&publish) {
             return Handled::AfterEarlier(Box::new(publish));
         }
-        match self.0.request(publish) {
-            Some(future) => Handled::Running(future),
-            None => Handled::Done,
-        }
+        self.0.request(publish)
     }
 
     fn on_disconnect(&self, who: &ClientIdentity) {

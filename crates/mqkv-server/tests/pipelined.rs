@@ -2,7 +2,9 @@
 //! and share log entries, and the answers and acknowledgements keep the order of the requests.
 //! The client is raw MQTT over TCP, so every request of a test can go out in one write.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -11,6 +13,7 @@ use mqkv_broker::codec::PropStr;
 use mqkv_broker::codec::{
     self, Connect, Disconnect, Packet, Properties, Publish, QoS, Subscribe, SubscriptionOptions,
 };
+use mqkv_broker::{ClientIdentity, Handled, OutboundMessage, Service, ServicePublish};
 use mqkv_protocol::REQUEST_TOPIC;
 use mqkv_server::{Server, ServerConfig, StorageKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -167,6 +170,22 @@ impl RawClient {
     fn packet_id(&mut self) -> u16 {
         self.next_packet_id = self.next_packet_id % u16::MAX + 1;
         self.next_packet_id
+    }
+
+    /// A QoS 1 publish of `payload` to `topic`, with `n` as its correlation data.
+    fn publish(&mut self, topic: &str, n: u64, payload: &[u8]) -> Packet {
+        Packet::Publish(Publish {
+            qos: QoS::AtLeastOnce,
+            topic: topic.to_owned(),
+            packet_id: self.packet_id(),
+            properties: Properties {
+                response_topic: Some(self.response_topic()),
+                correlation_data: Some(correlation(n)),
+                ..Default::default()
+            },
+            payload: Bytes::copy_from_slice(payload),
+            ..Default::default()
+        })
     }
 
     /// A QoS 1 request as the SDKs send it, with `n` as its correlation data.
@@ -438,5 +457,117 @@ async fn writes_in_flight_when_the_connection_drops_are_still_applied() {
         present[applied..].iter().all(|p| !p),
         "applied writes are a prefix of those sent: {present:?}"
     );
+    server.shutdown().await;
+}
+
+/// A service whose work finishes when the test says: a publish `hold` waits for
+/// [`Gate::release`], `ready` finishes on its first poll, `done` is answered without a future.
+/// Each answer echoes the correlation data to the response topic.
+#[derive(Default)]
+struct Gate {
+    held: Mutex<HashMap<Bytes, tokio::sync::oneshot::Sender<()>>>,
+    seen: tokio::sync::Notify,
+    count: Mutex<usize>,
+}
+
+impl Gate {
+    fn release(&self, correlation: &Bytes) {
+        let sender = self.held.lock().expect("lock").remove(correlation);
+        sender.expect("held").send(()).expect("still waiting");
+    }
+
+    async fn wait_for(&self, n: usize) {
+        tokio::time::timeout(TIMEOUT, async {
+            loop {
+                let notified = self.seen.notified();
+                if *self.count.lock().expect("lock") >= n {
+                    return;
+                }
+                notified.await;
+            }
+        })
+        .await
+        .expect("publishes reach the service");
+    }
+}
+
+struct GateService(Arc<Gate>);
+
+impl Service for GateService {
+    fn on_publish(&self, publish: ServicePublish, _earlier_running: bool) -> Handled {
+        let correlation = publish
+            .properties
+            .correlation_data
+            .clone()
+            .unwrap_or_default();
+        let answer = OutboundMessage {
+            topic: publish
+                .properties
+                .response_topic
+                .clone()
+                .unwrap_or_default(),
+            payload: publish.payload.clone(),
+            qos: QoS::AtLeastOnce,
+            properties: Properties {
+                correlation_data: Some(correlation.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        *self.0.count.lock().expect("lock") += 1;
+        self.0.seen.notify_waiters();
+        match &publish.payload[..] {
+            b"done" => Handled::Done(Some(answer)),
+            b"ready" => Handled::Running(Box::pin(async move { Some(answer) })),
+            _ => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                self.0.held.lock().expect("lock").insert(correlation, tx);
+                Handled::Running(Box::pin(async move {
+                    let _ = rx.await;
+                    Some(answer)
+                }))
+            }
+        }
+    }
+
+    fn on_disconnect(&self, _who: &ClientIdentity) {}
+}
+
+/// Work that finishes out of order (a later publish's at once, an earlier one's last) is still
+/// answered and acknowledged in the order the publishes arrived.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_keep_arrival_order_when_work_finishes_out_of_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start_disk(dir.path()).await;
+    let gate = Arc::new(Gate::default());
+    server
+        .broker
+        .claim(&["gate/#"], Arc::new(GateService(gate.clone())));
+    let mut c = RawClient::connect(server.listeners[0], "gate-order").await;
+
+    let kinds: [&[u8]; 6] = [b"hold", b"ready", b"hold", b"done", b"hold", b"ready"];
+    let packets: Vec<Packet> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| c.publish("gate/x", i as u64, kind))
+        .collect();
+    let ids: Vec<u16> = packets
+        .iter()
+        .filter_map(|p| match p {
+            Packet::Publish(p) => Some(p.packet_id),
+            _ => None,
+        })
+        .collect();
+    c.write(&packets).await;
+    gate.wait_for(kinds.len()).await;
+    // The held ones finish last first.
+    for i in [4u64, 2, 0] {
+        gate.release(&correlation(i));
+    }
+    let (acks, answers) = c.collect(kinds.len(), kinds.len()).await;
+    assert_eq!(acks, ids, "acknowledged in arrival order");
+    let order: Vec<Bytes> = answers.iter().map(|a| a.correlation.clone()).collect();
+    let expected: Vec<Bytes> = (0..kinds.len() as u64).map(correlation).collect();
+    assert_eq!(order, expected, "answered in arrival order");
     server.shutdown().await;
 }
