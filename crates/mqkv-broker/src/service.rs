@@ -30,7 +30,7 @@
 //!   the connection stops reading until the oldest has finished.
 //!
 //! A connection that ends while work is under way lets the futures run to completion on their
-//! own (their answers go wherever the service sends them, a persistent session's queue, say);
+//! own and publishes their answers (a persistent session keeps them for the client's return);
 //! publishes not yet started are dropped unacknowledged, as if they had not arrived. A client
 //! that sends DISCONNECT gets every answer and acknowledgement first. A slow service slows down
 //! only the clients publishing to it, and the rest of the broker is not held up.
