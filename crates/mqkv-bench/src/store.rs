@@ -237,31 +237,41 @@ impl StoreClient {
     pub async fn take_set_answers(&mut self, out: &mut Vec<(u64, bool)>) -> Result<()> {
         let start = out.len();
         loop {
-            while let Some((header, body)) = peek_frame(&self.conn.rbuf)? {
-                match header >> 4 {
-                    PUBLISH => {
-                        let publish = PublishRef::parse(header, &self.conn.rbuf[body.clone()])?;
-                        if publish.qos > 0 {
-                            put_puback(&mut self.conn.wbuf, publish.packet_id);
-                        }
-                        let props = scan_props(publish.properties)?;
-                        let seq = props
-                            .correlation
-                            .and_then(|c| c.get(8..16))
-                            .and_then(|c| <[u8; 8]>::try_from(c).ok())
-                            .map_or(0, u64::from_be_bytes);
-                        out.push((seq, props.status_ok && publish.payload == b"+OK\r\n"));
-                    }
-                    crate::mqtt::DISCONNECT => bail!("server disconnected"),
-                    _ => {}
-                }
-                self.conn.rbuf.advance(body.end);
-            }
+            while self.take_packet(|status_ok, correlation, payload| {
+                let seq = correlation
+                    .and_then(|c| c.get(8..16))
+                    .and_then(|c| <[u8; 8]>::try_from(c).ok())
+                    .map_or(0, u64::from_be_bytes);
+                out.push((seq, status_ok && payload == b"+OK\r\n"));
+            })? {}
             if out.len() > start {
                 return Ok(());
             }
             self.conn.fill().await?;
         }
+    }
+
+    /// Takes the packet at the front of the read buffer, if a whole one is there, and says
+    /// whether there was one. A PUBLISH is shown to `seen` (status 200 or not, correlation
+    /// data, payload) where it lies, and acknowledged with the next write.
+    fn take_packet(&mut self, seen: impl FnOnce(bool, Option<&[u8]>, &[u8])) -> Result<bool> {
+        let Some((header, body)) = peek_frame(&self.conn.rbuf)? else {
+            return Ok(false);
+        };
+        match header >> 4 {
+            PUBLISH => {
+                let publish = PublishRef::parse(header, &self.conn.rbuf[body.clone()])?;
+                if publish.qos > 0 {
+                    put_puback(&mut self.conn.wbuf, publish.packet_id);
+                }
+                let props = scan_props(publish.properties)?;
+                seen(props.status_ok, props.correlation, publish.payload);
+            }
+            crate::mqtt::DISCONNECT => bail!("server disconnected"),
+            _ => {}
+        }
+        self.conn.rbuf.advance(body.end);
+        Ok(true)
     }
 
     /// Sends what [`StoreClient::queue_set`] queued, with the pending acknowledgements, in one
@@ -297,30 +307,19 @@ impl StoreClient {
     ) -> Result<T> {
         let mut judge = Some(judge);
         loop {
-            let Some((header, body)) = peek_frame(&self.conn.rbuf)? else {
-                self.conn.fill().await?;
-                continue;
-            };
             let mut verdict = None;
-            match header >> 4 {
-                PUBLISH => {
-                    let publish = PublishRef::parse(header, &self.conn.rbuf[body.clone()])?;
-                    if publish.qos > 0 {
-                        put_puback(&mut self.conn.wbuf, publish.packet_id);
-                    }
-                    let props = scan_props(publish.properties)?;
-                    if props.correlation == Some(correlation) {
-                        if let Some(judge) = judge.take() {
-                            verdict = Some(judge(props.status_ok, publish.payload));
-                        }
+            let took = self.take_packet(|status_ok, got, payload| {
+                if got == Some(correlation) {
+                    if let Some(judge) = judge.take() {
+                        verdict = Some(judge(status_ok, payload));
                     }
                 }
-                crate::mqtt::DISCONNECT => bail!("server disconnected"),
-                _ => {}
-            }
-            self.conn.rbuf.advance(body.end);
+            })?;
             if let Some(v) = verdict {
                 return Ok(v);
+            }
+            if !took {
+                self.conn.fill().await?;
             }
         }
     }

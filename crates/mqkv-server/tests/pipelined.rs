@@ -32,6 +32,14 @@ async fn start_disk(dir: &std::path::Path) -> Server {
     Server::start(config).await.expect("server starts")
 }
 
+/// A disk server in a fresh directory and a client `id` connected to it.
+async fn start_with_client(id: &str) -> (tempfile::TempDir, Server, RawClient) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = start_disk(dir.path()).await;
+    let client = RawClient::connect(server.listeners[0], id).await;
+    (dir, server, client)
+}
+
 fn resp(args: &[&[u8]]) -> Bytes {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {
@@ -237,6 +245,18 @@ impl RawClient {
         .expect("a packet in time")
     }
 
+    /// GETs every key with all the requests in one write; the answers' payloads, in order.
+    async fn get_all(&mut self, keys: &[String]) -> Vec<Bytes> {
+        let reads: Vec<Packet> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| self.request(1_000_000 + i as u64, &[b"GET", key.as_bytes()]))
+            .collect();
+        self.write(&reads).await;
+        let (_, answers) = self.collect(keys.len(), keys.len()).await;
+        answers.into_iter().map(|a| a.payload).collect()
+    }
+
     /// Reads until `acks` PUBACKs and `answers` responses have arrived (acknowledging each
     /// response), and returns both in the order they came.
     async fn collect(&mut self, acks: usize, answers: usize) -> (Vec<u16>, Vec<Answer>) {
@@ -281,9 +301,7 @@ fn correlation(n: u64) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_in_flight_on_one_connection_share_log_entries_and_stay_in_order() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start_disk(dir.path()).await;
-    let mut c = RawClient::connect(server.listeners[0], "pipelined-writes").await;
+    let (_dir, server, mut c) = start_with_client("pipelined-writes").await;
 
     const N: u64 = 200;
     let before = server.store_stats();
@@ -315,21 +333,14 @@ async fn writes_in_flight_on_one_connection_share_log_entries_and_stay_in_order(
     );
 
     // Every write is there.
-    let mut reads = Vec::new();
-    for (i, key) in keys.iter().enumerate() {
-        reads.push(c.request(N + i as u64, &[b"GET", key.as_bytes()]));
-    }
-    c.write(&reads).await;
-    let (_, answers) = c.collect(N as usize, N as usize).await;
-    assert!(answers.iter().all(|a| &a.payload[..] == b"$5\r\nvalue\r\n"));
+    let values = c.get_all(&keys).await;
+    assert!(values.iter().all(|v| &v[..] == b"$5\r\nvalue\r\n"));
     server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_behind_writes_in_flight_see_them() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start_disk(dir.path()).await;
-    let mut c = RawClient::connect(server.listeners[0], "pipelined-reads").await;
+    let (_dir, server, mut c) = start_with_client("pipelined-reads").await;
 
     let script: [&[&[u8]]; 9] = [
         &[b"SET", b"k", b"a"],
@@ -382,9 +393,7 @@ async fn reads_behind_writes_in_flight_see_them() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disconnect_behind_writes_in_flight_answers_them_first() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start_disk(dir.path()).await;
-    let mut c = RawClient::connect(server.listeners[0], "pipelined-disconnect").await;
+    let (_dir, server, mut c) = start_with_client("pipelined-disconnect").await;
 
     const N: u64 = 50;
     let mut packets: Vec<Packet> = (0..N)
@@ -409,20 +418,15 @@ async fn disconnect_behind_writes_in_flight_answers_them_first() {
     );
 
     let mut c = RawClient::connect(server.listeners[0], "pipelined-check").await;
-    let reads: Vec<Packet> = (0..N)
-        .map(|i| c.request(i, &[b"GET", format!("d{i}").as_bytes()]))
-        .collect();
-    c.write(&reads).await;
-    let (_, answers) = c.collect(N as usize, N as usize).await;
-    assert!(answers.iter().all(|a| &a.payload[..] == b"$1\r\nv\r\n"));
+    let keys: Vec<String> = (0..N).map(|i| format!("d{i}")).collect();
+    let values = c.get_all(&keys).await;
+    assert!(values.iter().all(|v| &v[..] == b"$1\r\nv\r\n"));
     server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_in_flight_when_the_connection_drops_are_still_applied() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start_disk(dir.path()).await;
-    let mut c = RawClient::connect(server.listeners[0], "pipelined-drop").await;
+    let (_dir, server, mut c) = start_with_client("pipelined-drop").await;
 
     const N: u64 = 50;
     let packets: Vec<Packet> = (0..N)
@@ -435,16 +439,14 @@ async fn writes_in_flight_when_the_connection_drops_are_still_applied() {
     // The writes the server had started finish on their own. Whatever it had read is applied
     // as a whole prefix of what was sent: a later write never without the earlier ones.
     let mut c = RawClient::connect(server.listeners[0], "pipelined-after-drop").await;
+    let keys: Vec<String> = (0..N).map(|i| format!("x{i}")).collect();
     let mut present = Vec::new();
     for _ in 0..50 {
-        let reads: Vec<Packet> = (0..N)
-            .map(|i| c.request(i, &[b"GET", format!("x{i}").as_bytes()]))
-            .collect();
-        c.write(&reads).await;
-        let (_, answers) = c.collect(N as usize, N as usize).await;
-        present = answers
+        present = c
+            .get_all(&keys)
+            .await
             .iter()
-            .map(|a| &a.payload[..] == b"$1\r\nv\r\n")
+            .map(|v| &v[..] == b"$1\r\nv\r\n")
             .collect();
         let settled = server.store_stats();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -537,13 +539,11 @@ impl Service for GateService {
 /// answered and acknowledged in the order the publishes arrived.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_keep_arrival_order_when_work_finishes_out_of_order() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let server = start_disk(dir.path()).await;
+    let (_dir, server, mut c) = start_with_client("gate-order").await;
     let gate = Arc::new(Gate::default());
     server
         .broker
         .claim(&["gate/#"], Arc::new(GateService(gate.clone())));
-    let mut c = RawClient::connect(server.listeners[0], "gate-order").await;
 
     let kinds: [&[u8]; 6] = [b"hold", b"ready", b"hold", b"done", b"hold", b"ready"];
     let packets: Vec<Packet> = kinds
