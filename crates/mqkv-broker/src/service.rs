@@ -97,7 +97,8 @@ pub trait Service: Send + Sync + 'static {
     /// A client connected (its CONNACK is queued).
     fn on_connect(&self, _who: &ClientIdentity) {}
 
-    /// A client's connection ended (after its last publish was handled).
+    /// A client's connection ended, after its last publish was offered (work still under way
+    /// for it may finish later).
     fn on_disconnect(&self, _who: &ClientIdentity) {}
 }
 
