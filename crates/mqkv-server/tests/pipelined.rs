@@ -440,20 +440,24 @@ async fn writes_in_flight_when_the_connection_drops_are_still_applied() {
     // as a whole prefix of what was sent: a later write never without the earlier ones.
     let mut c = RawClient::connect(server.listeners[0], "pipelined-after-drop").await;
     let keys: Vec<String> = (0..N).map(|i| format!("x{i}")).collect();
-    let mut present = Vec::new();
-    for _ in 0..50 {
-        present = c
+    // A look at every key is one snapshot only if no entry was applied while it was taken:
+    // taken again until the applied index is the same before and after.
+    let mut present = None;
+    for _ in 0..200 {
+        let before = server.store_stats().applied_index;
+        let look: Vec<bool> = c
             .get_all(&keys)
             .await
             .iter()
             .map(|v| &v[..] == b"$1\r\nv\r\n")
             .collect();
-        let settled = server.store_stats();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        if server.store_stats().log_entries_written == settled.log_entries_written {
+        if server.store_stats().applied_index == before {
+            present = Some(look);
             break;
         }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let present = present.expect("a look at the keys with no write applied meanwhile");
     let applied = present.iter().take_while(|p| **p).count();
     assert!(
         present[applied..].iter().all(|p| !p),
