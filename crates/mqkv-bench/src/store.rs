@@ -422,12 +422,7 @@ impl RedisClient {
             if out.len() > start {
                 return Ok(());
             }
-            if self.rbuf.capacity() - self.rbuf.len() < 4096 {
-                self.rbuf.reserve(64 * 1024);
-            }
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                bail!("connection closed by redis");
-            }
+            self.fill().await?;
         }
     }
 
@@ -436,18 +431,24 @@ impl RedisClient {
         Ok(self.stream.write_all(requests).await?)
     }
 
+    /// Reads more of the replies into the buffer.
+    async fn fill(&mut self) -> Result<()> {
+        if self.rbuf.capacity() - self.rbuf.len() < 4096 {
+            self.rbuf.reserve(64 * 1024);
+        }
+        if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+            bail!("connection closed by redis");
+        }
+        Ok(())
+    }
+
     async fn reply(&mut self) -> Result<Reply> {
         loop {
             if let Some((reply, used)) = parse_reply(&self.rbuf)? {
                 let _ = self.rbuf.split_to(used);
                 return Ok(reply);
             }
-            if self.rbuf.capacity() - self.rbuf.len() < 4096 {
-                self.rbuf.reserve(64 * 1024);
-            }
-            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
-                bail!("connection closed by redis");
-            }
+            self.fill().await?;
         }
     }
 }

@@ -185,7 +185,7 @@ impl Broker {
 
     /// Publishes a message as the broker itself, routed to subscribers like any other.
     pub fn publish(&self, m: OutboundMessage) {
-        self.inner.route(Arc::new(Message::from_service(m)));
+        self.inner.publish(m);
     }
 
     /// Puts a message straight into one client's session, whether or not it subscribed.
@@ -363,6 +363,11 @@ impl Inner {
     /// Every retained message.
     pub fn retained_all(&self) -> Vec<Arc<Message>> {
         self.retained.read().values().cloned().collect()
+    }
+
+    /// Routes a message a service sends, as a client's publish would be routed.
+    pub(crate) fn publish(&self, m: OutboundMessage) {
+        self.route(Arc::new(Message::from_service(m)));
     }
 
     /// Routes a message to every matching subscription and updates the retained store.

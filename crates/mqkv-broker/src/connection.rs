@@ -945,7 +945,7 @@ impl Conn {
 
     fn answer_and_ack(&self, answer: Option<OutboundMessage>, ack: Option<Packet>) {
         if let Some(answer) = answer {
-            self.inner.route(Arc::new(Message::from_service(answer)));
+            self.inner.publish(answer);
         }
         if let Some(ack) = ack {
             self.send(ack);
@@ -1106,12 +1106,12 @@ impl Conn {
                 Work::Running(future) => {
                     tokio::spawn(async move {
                         if let Some(answer) = future.await {
-                            inner.route(Arc::new(Message::from_service(answer)));
+                            inner.publish(answer);
                         }
                     });
                 }
                 Work::Done(Some(answer)) => {
-                    inner.route(Arc::new(Message::from_service(answer)));
+                    inner.publish(answer);
                 }
                 Work::Done(None) | Work::NotStarted(..) => {}
             }
