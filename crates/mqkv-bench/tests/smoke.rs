@@ -159,7 +159,20 @@ fn smoke_run_reports_every_workload() {
             assert!(r["mqkv_over_anchor"].is_number());
         }
     }
-    assert_eq!(doc["targets"].as_array().expect("targets").len(), 7);
+    // Five targets, plus pub/sub QoS 1 throughput per concurrency measured (smoke: 1 and 4).
+    let targets: Vec<&str> = doc["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(targets.len(), 9, "{targets:?}");
+    for wl in ["pubsub-fanin", "pubsub-fanout"] {
+        for clients in [1, 4] {
+            let name = format!("{wl} QoS 1 throughput ({clients} clients)");
+            assert!(targets.contains(&name.as_str()), "{name} in {targets:?}");
+        }
+    }
 
     let png = std::fs::read(out.join("throughput.png")).expect("throughput.png");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "chart is a PNG");
