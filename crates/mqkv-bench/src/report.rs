@@ -238,17 +238,26 @@ pub struct TargetCheck {
     pub met: Option<bool>,
 }
 
+/// The runs of `workload` against `target` that did not fail and that `pick` accepts.
+fn matching<'a>(
+    results: &'a [RunResult],
+    workload: &'a str,
+    target: Target,
+    pick: impl Fn(&RunResult) -> bool + 'a,
+) -> impl Iterator<Item = &'a RunResult> + 'a {
+    results.iter().filter(move |r| {
+        r.workload == workload && r.target == target && r.failed.is_none() && pick(r)
+    })
+}
+
+/// Of [`matching`], the run with the most clients.
 fn find<'a>(
     results: &'a [RunResult],
-    workload: &str,
+    workload: &'a str,
     target: Target,
-    pick: impl Fn(&RunResult) -> bool,
+    pick: impl Fn(&RunResult) -> bool + 'a,
 ) -> Option<&'a RunResult> {
-    results
-        .iter()
-        .filter(|r| r.workload == workload && r.target == target && r.failed.is_none())
-        .filter(|r| pick(r))
-        .max_by_key(|r| r.clients)
+    matching(results, workload, target, pick).max_by_key(|r| r.clients)
 }
 
 pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
@@ -267,18 +276,25 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             _ => None,
         },
     };
+    // A throughput row, named with the concurrency of mqkv's run.
+    let throughput = |label: &str,
+                      requirement: &str,
+                      m: Option<&RunResult>,
+                      a: Option<&RunResult>,
+                      ok: &dyn Fn(f64, f64) -> bool| {
+        check(
+            &format!("{label} ({} clients)", m.map_or(0, |m| m.clients)),
+            requirement,
+            m.map(|r| r.throughput),
+            a.map(|r| r.throughput),
+            ok,
+        )
+    };
     // Pub/sub QoS 1 throughput, fan-in and fan-out: the issue names no concurrency, so every
     // one measured is a row of its own (a single row when none was).
     for wl in ["pubsub-fanin", "pubsub-fanout"] {
-        let mut measured: Vec<&RunResult> = results
-            .iter()
-            .filter(|r| {
-                r.workload == wl
-                    && r.target == Target::Mqkv
-                    && r.qos == Some(1)
-                    && r.failed.is_none()
-            })
-            .collect();
+        let mut measured: Vec<&RunResult> =
+            matching(results, wl, Target::Mqkv, |r| r.qos == Some(1)).collect();
         measured.sort_by_key(|r| r.clients);
         measured.dedup_by_key(|r| r.clients);
         let rows: Vec<Option<&RunResult>> = if measured.is_empty() {
@@ -292,14 +308,11 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
                     r.qos == Some(1) && r.clients == m.clients
                 })
             });
-            checks.push(check(
-                &format!(
-                    "{wl} QoS 1 throughput ({} clients)",
-                    m.map_or(0, |m| m.clients)
-                ),
+            checks.push(throughput(
+                &format!("{wl} QoS 1 throughput"),
                 ">= Mosquitto",
-                m.map(|r| r.throughput),
-                a.map(|r| r.throughput),
+                m,
+                a,
                 &|m, a| m >= a,
             ));
         }
@@ -323,11 +336,11 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             r.clients == m.clients && r.value_size == m.value_size
         })
     });
-    checks.push(check(
-        &format!("GET throughput ({} clients)", m.map_or(0, |m| m.clients)),
+    checks.push(throughput(
+        "GET throughput",
         ">= 0.7 x Redis",
-        m.map(|r| r.throughput),
-        a.map(|r| r.throughput),
+        m,
+        a,
         &|m, a| m >= 0.7 * a,
     ));
     let m = find(results, "set", Target::MqkvDisk, |r| at64(r) && small(r));
@@ -336,14 +349,11 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             r.clients == m.clients && r.value_size == m.value_size
         })
     });
-    checks.push(check(
-        &format!(
-            "durable SET throughput ({} clients)",
-            m.map_or(0, |m| m.clients)
-        ),
+    checks.push(throughput(
+        "durable SET throughput",
         ">= Redis appendfsync always",
-        m.map(|r| r.throughput),
-        a.map(|r| r.throughput),
+        m,
+        a,
         &|m, a| m >= a,
     ));
     let m = find(results, "mem-idle-conns", Target::Mqkv, |_| true);
