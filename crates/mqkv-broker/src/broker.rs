@@ -81,7 +81,7 @@ pub(crate) struct Inner {
     /// Bumped on every change worth saving (see `Broker::changes`).
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
-    threads: ConnThreads,
+    pub(crate) threads: ConnThreads,
 }
 
 /// A running broker. Cheap to clone; every clone is the same broker.
@@ -453,6 +453,8 @@ impl Inner {
         }
         let limits = self.queue_limits();
         let here = crate::threads::current_home();
+        // Where messages come from is counted only when connections may move for it.
+        let from = if self.config.co_locate { here } else { 0 };
         let n = targets.len();
         let spread = n > DIRECT_REMOTE_WRITES;
         if n > 0 {
@@ -465,7 +467,7 @@ impl Inner {
             // fan-out does not hold this task (and the clients sharing its thread) for a syscall
             // per subscriber.
             let (queued, direct) = if i < DIRECT_WRITES_PER_PUBLISH {
-                session.enqueue_direct(d, limits)
+                session.enqueue_direct(d, limits, from)
             } else {
                 (session.enqueue(d, limits), None)
             };

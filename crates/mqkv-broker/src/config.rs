@@ -42,6 +42,10 @@ pub struct BrokerConfig {
     /// more threads than such CPUs. Set by the server from its `pin_workers` setting and storage.
     #[serde(skip)]
     pub pin_connection_threads: bool,
+    /// Moves a connection to the connection thread whose publishers send it (nearly) all its
+    /// messages, so a publish and its deliveries are handled on one thread (see
+    /// [`crate::threads`]).
+    pub co_locate: bool,
 }
 
 impl BrokerConfig {
@@ -75,6 +79,7 @@ impl Default for BrokerConfig {
             users: Vec::new(),
             connection_threads: 0,
             pin_connection_threads: false,
+            co_locate: true,
         }
     }
 }

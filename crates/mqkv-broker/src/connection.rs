@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
@@ -57,7 +57,7 @@ impl Drop for LiveGuard {
 
 pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, local: SocketAddr) {
     inner.live_connections.fetch_add(1, Ordering::Relaxed);
-    let _live = LiveGuard(inner.clone());
+    let live = LiveGuard(inner.clone());
     tracing::debug!(%peer, "connection accepted");
     let (mut rd, mut wr) = stream.into_split();
     let max_in = inner.config.max_packet_size as usize;
@@ -223,6 +223,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     );
     let notify = link.notify.clone();
     let handover = link.handover.clone();
+    let relocate = link.relocate.clone();
     inner.hand_over(&client_id).await;
     let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
     let session = attached.session;
@@ -259,7 +260,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     }
 
     let wr: Writer = Arc::new(tokio::sync::Mutex::new(WriteState {
-        half: wr,
+        half: Some(wr),
         pending: BytesMut::new(),
     }));
     session.set_writer(conn_id, wr.clone());
@@ -270,7 +271,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         wr.clone(),
         level,
     ));
-    let mut conn = Conn {
+    let conn = Conn {
         inner: inner.clone(),
         session: session.clone(),
         conn_id,
@@ -284,22 +285,13 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         notify,
         services: inner.service_claims(),
         waker: CachedWaker::default(),
-        handover: handover.clone(),
+        handover,
+        relocate,
+        moves: 0,
+        move_after: Instant::now(),
         queued: VecDeque::new(),
     };
-    let end = conn.read_loop(&mut rd, buf, keep_alive, writer).await;
-    tracing::debug!(client_id = %client_id, ?end, "connection closed");
-    conn.let_running_finish();
-
-    let will = match end {
-        End::Normal => None,
-        _ => conn.will.take(),
-    };
-    inner.detach(&session, conn_id, will);
-    handover.finish();
-    for service in inner.services() {
-        service.on_disconnect(&ident);
-    }
+    conn.serve(rd, buf, keep_alive, writer, live).await;
 }
 
 #[derive(Debug)]
@@ -352,7 +344,8 @@ async fn read_connect(
 /// The write side, shared by the writer task and the reader's inline flush: the socket half
 /// and bytes encoded but not yet written.
 pub(crate) struct WriteState {
-    half: OwnedWriteHalf,
+    /// None while the connection moves to another thread (see [`Conn::try_move`]).
+    half: Option<OwnedWriteHalf>,
     pending: BytesMut,
 }
 
@@ -385,10 +378,12 @@ pub(crate) fn write_ready(session: &Session, conn_id: u64, wr: &Writer, notify: 
         notify.notify_one();
         return;
     }
-    while !w.pending.is_empty() {
-        match w.half.try_write(&w.pending) {
-            Ok(n) if n > 0 => w.pending.advance(n),
-            _ => break,
+    if let Some(half) = &w.half {
+        while !w.pending.is_empty() {
+            match half.try_write(&w.pending) {
+                Ok(n) if n > 0 => w.pending.advance(n),
+                _ => break,
+            }
         }
     }
     if !w.pending.is_empty() || session.has_ready(conn_id) {
@@ -399,14 +394,20 @@ pub(crate) fn write_ready(session: &Session, conn_id: u64, wr: &Writer, notify: 
 /// Writes everything the session has ready for this connection, waiting for the socket as
 /// needed. Returns true when the connection is finished (closed, taken over, or failed).
 async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -> bool {
+    let WriteState { half, pending } = w;
+    // Only the connection's own writer task flushes, and it is stopped before the half is
+    // taken to move the connection (see `Conn::try_move`).
+    let Some(half) = half.as_mut() else {
+        return false;
+    };
     loop {
-        if !w.pending.is_empty() {
-            if w.half.write_all(&w.pending).await.is_err() {
+        if !pending.is_empty() {
+            if half.write_all(pending).await.is_err() {
                 return true;
             }
-            w.pending.clear();
+            pending.clear();
         }
-        match session.drain(conn_id, &mut w.pending, WRITE_BATCH) {
+        match session.drain(conn_id, pending, WRITE_BATCH) {
             None => {
                 // The session moved to another connection.
                 if level == codec::V5 {
@@ -414,21 +415,21 @@ async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -
                         reason_code: reason::SESSION_TAKEN_OVER,
                         ..Default::default()
                     })
-                    .encode(&mut w.pending, level);
-                    let _ = w.half.write_all(&w.pending).await;
+                    .encode(pending, level);
+                    let _ = half.write_all(pending).await;
                 }
-                let _ = w.half.shutdown().await;
+                let _ = half.shutdown().await;
                 return true;
             }
             Some(close) => {
-                if !w.pending.is_empty() {
-                    if w.half.write_all(&w.pending).await.is_err() {
+                if !pending.is_empty() {
+                    if half.write_all(pending).await.is_err() {
                         return true;
                     }
-                    w.pending.clear();
+                    pending.clear();
                 }
                 if close {
-                    let _ = w.half.shutdown().await;
+                    let _ = half.shutdown().await;
                     return true;
                 }
             }
@@ -454,6 +455,21 @@ async fn write_loop(
         }
     }
 }
+
+/// How a connection's read loop ended.
+enum Exit {
+    Ended(End),
+    /// To go on on connection thread `home`: the writer task is stopped, and `guard` holds the
+    /// write half's lock with nothing pending.
+    Move {
+        home: usize,
+        buf: BytesMut,
+        guard: tokio::sync::OwnedMutexGuard<WriteState>,
+    },
+}
+
+/// A connection's remaining work, spawned on the thread it moves to.
+type Moved = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// Why a connection ended; decides whether the will is published.
 #[derive(Debug)]
@@ -484,6 +500,12 @@ struct Conn {
     /// The waker services' futures get (see [`crate::threads::home_waker`]).
     waker: CachedWaker,
     handover: Arc<crate::session::Handover>,
+    /// How the session asks the connection to move to another thread.
+    relocate: Arc<crate::session::Relocate>,
+    /// Times the connection moved, and when it may move again: each move doubles the wait, so
+    /// two connections that feed each other from different threads do not trade places for long.
+    moves: u32,
+    move_after: Instant,
     /// Publishes to services whose acknowledgement has not gone out yet, in arrival order (see
     /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front
     /// one is never done (a done front is acknowledged and removed at once).
@@ -577,11 +599,11 @@ impl Conn {
 
     async fn read_loop(
         &mut self,
-        rd: &mut tokio::net::tcp::OwnedReadHalf,
+        rd: &mut OwnedReadHalf,
         mut buf: BytesMut,
         keep_alive: u16,
         mut writer: tokio::task::JoinHandle<()>,
-    ) -> End {
+    ) -> Exit {
         let max_in = self.inner.config.max_packet_size as usize;
         let mut shutdown = self.inner.shutdown.subscribe();
         // One future for the whole connection: registered once, not once per read.
@@ -602,9 +624,18 @@ impl Conn {
         let mut asked = std::pin::pin!(tokio::task::unconstrained(handover.asked.notified()));
         let mut handover_registered = false;
         let mut handed_over = false;
+        // Registered once, then polled only when a move was asked for.
+        let relocate = self.relocate.clone();
+        let mut move_asked = std::pin::pin!(tokio::task::unconstrained(relocate.asked.notified()));
+        let mut move_registered = false;
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let mut received = true;
         let end = loop {
+            if !shutdown_registered && self.inner.shutting_down.load(Ordering::SeqCst) {
+                // Shutdown began before this loop watched for it (a connection that moved).
+                self.close_with(reason::SERVER_SHUTTING_DOWN);
+                break End::Shutdown;
+            }
             if received {
                 // While the batch is handled, queueing output does not wake the writer task:
                 // the reader writes it itself afterwards, acks and responses together in one
@@ -644,7 +675,7 @@ impl Conn {
                         Received::PeerGone => {
                             // As for a read that finds the peer gone.
                             writer.abort();
-                            return End::Abnormal;
+                            return Exit::Ended(End::Abnormal);
                         }
                         // Still connected: the new connection takes over, and the writer ends.
                         Received::Handled => handover.finish(),
@@ -652,14 +683,37 @@ impl Conn {
                 }
                 _ = &mut writer => {
                     // Write failure or takeover.
-                    return End::Abnormal;
+                    return Exit::Ended(End::Abnormal);
+                }
+                // Always enabled (a branch's condition is read once per select, and a client
+                // that never sends would never see the request), but polled only to register
+                // and once the request is there.
+                () = std::future::poll_fn(|cx| {
+                    if move_registered && !relocate.pending() {
+                        return Poll::Pending;
+                    }
+                    move_registered = true;
+                    std::future::Future::poll(move_asked.as_mut(), cx)
+                }) => {
+                    move_asked.set(tokio::task::unconstrained(relocate.asked.notified()));
+                    move_registered = false;
+                    if !handed_over {
+                        match self.try_move(&mut writer).await {
+                            None => {}
+                            Some(Ok((home, guard))) => {
+                                let buf = std::mem::take(&mut buf);
+                                return Exit::Move { home, buf, guard };
+                            }
+                            Some(Err(())) => return Exit::Ended(End::Abnormal),
+                        }
+                    }
                 }
                 () = std::future::poll_fn(|cx| self.poll_queued(cx)), if !self.queued.is_empty() => {}
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {
                         // The peer is gone: nothing more can be written to it.
                         writer.abort();
-                        return End::Abnormal;
+                        return Exit::Ended(End::Abnormal);
                     }
                     Ok(_) => {
                         last = Instant::now();
@@ -679,7 +733,132 @@ impl Conn {
         // Let the writer flush a final DISCONNECT, but do not wait on a stuck peer forever.
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer).await;
         writer.abort();
-        end
+        Exit::Ended(end)
+    }
+
+    /// Serves the connection once its CONNECT is handled, until it ends: here, or on the
+    /// thread it moves to.
+    fn serve(
+        mut self,
+        mut rd: OwnedReadHalf,
+        buf: BytesMut,
+        keep_alive: u16,
+        writer: tokio::task::JoinHandle<()>,
+        live: LiveGuard,
+    ) -> Moved {
+        Box::pin(async move {
+            match self.read_loop(&mut rd, buf, keep_alive, writer).await {
+                Exit::Ended(end) => self.end(end),
+                Exit::Move {
+                    home,
+                    buf,
+                    mut guard,
+                } => {
+                    let Some(wr) = guard.half.take() else {
+                        self.end(End::Abnormal);
+                        return;
+                    };
+                    let stream = match rd.reunite(wr).map(TcpStream::into_std) {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::warn!(client_id = %self.client_id, error = %e, "cannot move a connection");
+                            drop(guard);
+                            self.end(End::Abnormal);
+                            return;
+                        }
+                        Err(_) => {
+                            drop(guard);
+                            self.end(End::Abnormal);
+                            return;
+                        }
+                    };
+                    tracing::debug!(client_id = %self.client_id, from = crate::threads::current_home(), to = home, "connection moves");
+                    let inner = self.inner.clone();
+                    inner.threads.serve_on(home - 1, stream, move |stream| {
+                        self.resume(stream, buf, keep_alive, guard, live)
+                    });
+                }
+            }
+        })
+    }
+
+    /// Goes on serving the connection on the thread it moved to.
+    fn resume(
+        mut self,
+        stream: TcpStream,
+        buf: BytesMut,
+        keep_alive: u16,
+        mut guard: tokio::sync::OwnedMutexGuard<WriteState>,
+        live: LiveGuard,
+    ) -> Moved {
+        let (rd, wr) = stream.into_split();
+        guard.half = Some(wr);
+        drop(guard);
+        // Output for the connection is written from this thread from now on.
+        self.session.set_writer(self.conn_id, self.wr.clone());
+        self.waker = CachedWaker::default();
+        let writer = tokio::spawn(write_loop(
+            self.session.clone(),
+            self.conn_id,
+            self.notify.clone(),
+            self.wr.clone(),
+            self.level,
+        ));
+        // What was queued while the connection moved.
+        self.notify.notify_one();
+        self.serve(rd, buf, keep_alive, writer, live)
+    }
+
+    /// The thread the connection may move to now, if it was asked to move and can: nothing is
+    /// under way for it, its output is written out, the thread it goes to is not overfull, and
+    /// its last move is long enough ago. Then its writer task is stopped and the write half's
+    /// lock returned, held. `Err` when the writer task had ended (the connection is over).
+    async fn try_move(
+        &mut self,
+        writer: &mut tokio::task::JoinHandle<()>,
+    ) -> Option<Result<(usize, tokio::sync::OwnedMutexGuard<WriteState>), ()>> {
+        let home = self.relocate.take();
+        let here = crate::threads::current_home();
+        if home == 0
+            || here == 0
+            || home == here
+            || !self.queued.is_empty()
+            || self.inner.shutting_down.load(Ordering::SeqCst)
+            || Instant::now() < self.move_after
+            || !self.inner.threads.may_take(home)
+        {
+            return None;
+        }
+        // Another task writing to the socket right now, or output not yet written: not now.
+        let guard = self.wr.clone().try_lock_owned().ok()?;
+        if !guard.pending.is_empty() || guard.half.is_none() {
+            return None;
+        }
+        // Holding the lock, the writer task waits for work or for the lock: stopping it there
+        // loses nothing, and whatever is queued meanwhile is written by the one started on the
+        // other thread.
+        writer.abort();
+        if (&mut *writer).await.is_ok() {
+            return Some(Err(()));
+        }
+        self.moves = self.moves.saturating_add(1);
+        self.move_after = Instant::now() + Duration::from_secs(1 << self.moves.min(6));
+        Some(Ok((home, guard)))
+    }
+
+    /// The connection has ended: the will, the session, the services.
+    fn end(mut self, end: End) {
+        tracing::debug!(client_id = %self.client_id, ?end, "connection closed");
+        self.let_running_finish();
+        let will = match end {
+            End::Normal => None,
+            _ => self.will.take(),
+        };
+        self.inner.detach(&self.session, self.conn_id, will);
+        self.handover.finish();
+        for service in self.inner.services() {
+            service.on_disconnect(&self.ident);
+        }
     }
 
     /// Reads what the socket already holds, without waiting, and handles it: for a new
@@ -1161,5 +1340,307 @@ impl Conn {
             self.session.enqueue(d, limits);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Connections moving between threads (see [`Conn::try_move`]), with raw MQTT 5 clients.
+
+    use std::time::Duration;
+
+    use bytes::{Buf, BufMut, BytesMut};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use crate::broker::Broker;
+    use crate::codec::{self, Packet, Properties, QoS, SubscriptionOptions};
+    use crate::config::BrokerConfig;
+
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    struct Client {
+        stream: TcpStream,
+        buf: BytesMut,
+    }
+
+    impl Client {
+        async fn connect(addr: std::net::SocketAddr, id: &str) -> Client {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            let mut c = Client {
+                stream,
+                buf: BytesMut::new(),
+            };
+            c.send(Packet::Connect(Box::new(codec::Connect {
+                protocol_level: codec::V5,
+                clean_start: true,
+                keep_alive: 60,
+                client_id: id.to_owned(),
+                username: None,
+                password: None,
+                will: None,
+                properties: Properties::default(),
+            })))
+            .await;
+            let (kind, _) = c.frame().await;
+            assert_eq!(kind, 2, "CONNACK");
+            c
+        }
+
+        async fn send(&mut self, p: Packet) {
+            let mut out = BytesMut::new();
+            p.encode(&mut out, codec::V5);
+            self.stream.write_all(&out).await.expect("write");
+        }
+
+        async fn subscribe(&mut self, filter: &str, qos: QoS) {
+            self.send(Packet::Subscribe(codec::Subscribe {
+                packet_id: 1,
+                properties: Properties::default(),
+                filters: vec![(
+                    filter.to_owned(),
+                    SubscriptionOptions {
+                        qos,
+                        ..Default::default()
+                    },
+                )],
+            }))
+            .await;
+            let (kind, _) = self.frame().await;
+            assert_eq!(kind, 9, "SUBACK");
+        }
+
+        /// The next packet's type and its whole bytes.
+        async fn frame(&mut self) -> (u8, BytesMut) {
+            tokio::time::timeout(LIMIT, async {
+                loop {
+                    if let Some(len) = whole_frame(&self.buf) {
+                        let frame = self.buf.split_to(len);
+                        return (frame[0] >> 4, frame);
+                    }
+                    let n = self.stream.read_buf(&mut self.buf).await.expect("read");
+                    assert!(n > 0, "the broker closed the connection");
+                }
+            })
+            .await
+            .expect("a packet in time")
+        }
+
+        /// The payloads of the next `n` publishes, acknowledging those sent at QoS 1.
+        async fn receive(&mut self, n: usize) -> Vec<u32> {
+            let mut got = Vec::with_capacity(n);
+            while got.len() < n {
+                let (kind, mut frame) = self.frame().await;
+                if kind != 3 {
+                    continue;
+                }
+                let Ok(Some(Packet::Publish(p))) =
+                    codec::decode(&mut frame, Some(codec::V5), usize::MAX)
+                else {
+                    panic!("undecodable PUBLISH");
+                };
+                if p.qos == QoS::AtLeastOnce {
+                    self.send(Packet::PubAck(codec::Ack {
+                        packet_id: p.packet_id,
+                        ..Default::default()
+                    }))
+                    .await;
+                }
+                got.push(p.payload.clone().get_u32());
+            }
+            got
+        }
+
+        /// Publishes `seq` at QoS 1 in one write, then waits for every PUBACK.
+        async fn publish_all(&mut self, topic: &str, seq: std::ops::Range<u32>) {
+            let mut out = BytesMut::new();
+            let count = seq.len();
+            for (i, n) in seq.enumerate() {
+                let mut payload = BytesMut::new();
+                payload.put_u32(n);
+                Packet::Publish(codec::Publish {
+                    dup: false,
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    topic: topic.to_owned(),
+                    packet_id: u16::try_from(i % 60_000 + 1).expect("id"),
+                    properties: Properties::default(),
+                    payload: payload.freeze(),
+                })
+                .encode(&mut out, codec::V5);
+            }
+            self.stream.write_all(&out).await.expect("write");
+            let mut acked = 0;
+            while acked < count {
+                let (kind, _) = self.frame().await;
+                if kind == 4 {
+                    acked += 1;
+                }
+            }
+        }
+    }
+
+    /// The length of the whole packet at the front of `buf`, if it is all there.
+    fn whole_frame(buf: &[u8]) -> Option<usize> {
+        let mut len = 0usize;
+        for i in 0..4 {
+            let b = *buf.get(1 + i)?;
+            len |= usize::from(b & 0x7F) << (7 * i);
+            if b & 0x80 == 0 {
+                let total = 2 + i + len;
+                return (buf.len() >= total).then_some(total);
+            }
+        }
+        None
+    }
+
+    async fn broker(co_locate: bool) -> (Broker, std::net::SocketAddr) {
+        let broker = Broker::new(BrokerConfig {
+            connection_threads: 2,
+            co_locate,
+            ..BrokerConfig::default()
+        })
+        .expect("broker");
+        let addr = broker
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        (broker, addr)
+    }
+
+    fn home(broker: &Broker, id: &str) -> usize {
+        let session = broker.inner.sessions.lock().get(id).cloned();
+        session.expect("session").home()
+    }
+
+    /// A publisher and six subscribers (three at QoS 1, three at QoS 0, which never send the
+    /// broker anything to wake their reader); at least one subscriber starts on the other
+    /// connection thread. Returns the subscribers' ids.
+    async fn fan_out(
+        broker: &Broker,
+        addr: std::net::SocketAddr,
+    ) -> (Client, Vec<(String, Client)>) {
+        let mut subs = Vec::new();
+        for i in 0..6 {
+            let id = format!("sub-{i}");
+            let mut c = Client::connect(addr, &id).await;
+            let qos = if i % 2 == 0 {
+                QoS::AtLeastOnce
+            } else {
+                QoS::AtMostOnce
+            };
+            c.subscribe("fan/#", qos).await;
+            subs.push((id, c));
+        }
+        let publisher = Client::connect(addr, "pub").await;
+        let p = home(broker, "pub");
+        assert!(
+            subs.iter().any(|(id, _)| home(broker, id) != p),
+            "no subscriber starts on another thread than the publisher"
+        );
+        (publisher, subs)
+    }
+
+    /// Every subscriber of a one-publisher fan-out ends up on the publisher's thread, and each
+    /// receives every message once, in order, while it moves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn subscribers_move_to_their_publishers_thread_and_lose_nothing() {
+        let (broker, addr) = broker(true).await;
+        let (mut publisher, subs) = fan_out(&broker, addr).await;
+        const N: u32 = 3_000;
+        let readers: Vec<_> = subs
+            .into_iter()
+            .map(|(id, mut c)| {
+                tokio::spawn(async move {
+                    let got = c.receive(N as usize).await;
+                    (id, got, c)
+                })
+            })
+            .collect();
+        for chunk in 0..(N / 500) {
+            publisher
+                .publish_all("fan/x", chunk * 500..(chunk + 1) * 500)
+                .await;
+        }
+        let p = home(&broker, "pub");
+        for reader in readers {
+            let (id, got, _client) = reader.await.expect("reader");
+            assert_eq!(
+                got,
+                (0..N).collect::<Vec<_>>(),
+                "{id} received every message once, in order"
+            );
+            assert_eq!(
+                home(&broker, &id),
+                p,
+                "{id} moved to the publisher's thread"
+            );
+        }
+        broker.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// With `co_locate` off nobody moves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn without_co_location_connections_stay() {
+        let (broker, addr) = broker(false).await;
+        let (mut publisher, subs) = fan_out(&broker, addr).await;
+        let before: Vec<usize> = subs.iter().map(|(id, _)| home(&broker, id)).collect();
+        let readers: Vec<_> = subs
+            .into_iter()
+            .map(|(_, mut c)| {
+                tokio::spawn(async move {
+                    let got = c.receive(1_000).await;
+                    (got, c)
+                })
+            })
+            .collect();
+        publisher.publish_all("fan/x", 0..1_000).await;
+        let mut clients = Vec::new();
+        for reader in readers {
+            let (got, client) = reader.await.expect("reader");
+            assert_eq!(got, (0..1_000).collect::<Vec<_>>());
+            clients.push(client);
+        }
+        let after: Vec<usize> = (0..6).map(|i| home(&broker, &format!("sub-{i}"))).collect();
+        assert_eq!(before, after);
+        broker.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// A subscriber fed by publishers on both threads stays where it is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_subscriber_fed_from_both_threads_stays() {
+        let (broker, addr) = broker(true).await;
+        let mut sub = Client::connect(addr, "sink").await;
+        sub.subscribe("in/#", QoS::AtLeastOnce).await;
+        let start = home(&broker, "sink");
+        // Publishers until two of them are served by different threads.
+        let mut pubs: Vec<(usize, Client)> = Vec::new();
+        for i in 0..8 {
+            let id = format!("source-{i}");
+            let c = Client::connect(addr, &id).await;
+            pubs.push((home(&broker, &id), c));
+        }
+        let a = pubs
+            .iter()
+            .position(|(h, _)| *h == 1)
+            .expect("a publisher on thread 1");
+        let b = pubs
+            .iter()
+            .position(|(h, _)| *h == 2)
+            .expect("a publisher on thread 2");
+        let reader = tokio::spawn(async move {
+            let got = sub.receive(2_000).await;
+            (got, sub)
+        });
+        for round in 0..1_000u32 {
+            for (k, index) in [a, b].into_iter().enumerate() {
+                let n = round * 2 + u32::try_from(k).expect("k");
+                pubs[index].1.publish_all("in/x", n..n + 1).await;
+            }
+        }
+        let (got, _sub) = reader.await.expect("reader");
+        assert_eq!(got, (0..2_000).collect::<Vec<_>>());
+        assert_eq!(home(&broker, "sink"), start, "the subscriber did not move");
+        broker.shutdown(Duration::from_secs(1)).await;
     }
 }

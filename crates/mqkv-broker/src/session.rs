@@ -104,6 +104,53 @@ pub struct Link {
     home: usize,
     /// How a new connection for the same client asks this one to finish what it received.
     pub handover: Arc<Handover>,
+    /// Which connection threads the messages routed to this connection came from lately.
+    sources: Sources,
+    /// How the connection is asked to move to the thread that sends it (nearly) everything.
+    pub(crate) relocate: Arc<Relocate>,
+}
+
+/// Deliveries counted per decision on where a connection's messages come from.
+const SOURCE_WINDOW: u32 = 128;
+/// Of a window, how many must come from one other thread for the connection to move there.
+const SOURCE_MAJORITY: u32 = SOURCE_WINDOW - SOURCE_WINDOW / 16;
+
+/// Counts, over a window of deliveries, those routed on the same other connection thread in a
+/// row (a delivery from a third thread starts the count again).
+#[derive(Debug, Default)]
+struct Sources {
+    seen: u32,
+    from: usize,
+    from_count: u32,
+}
+
+/// A request that a connection move to another connection thread: its subscriptions are fed
+/// (nearly) only by publishers served there, so each message crosses between threads, a
+/// wake-up of the receiving thread and a hand-off on every publish. The connection's reader
+/// moves it when it can (see `connection::Conn::try_move`).
+#[derive(Debug, Default)]
+pub(crate) struct Relocate {
+    /// The thread to move to, as [`crate::threads::current_home`] numbers them; 0 for none.
+    target: std::sync::atomic::AtomicUsize,
+    pub(crate) asked: Notify,
+}
+
+impl Relocate {
+    fn ask(&self, home: usize) {
+        self.target
+            .store(home, std::sync::atomic::Ordering::Relaxed);
+        self.asked.notify_one();
+    }
+
+    /// Whether a move was asked for and not yet taken.
+    pub(crate) fn pending(&self) -> bool {
+        self.target.load(std::sync::atomic::Ordering::Relaxed) != 0
+    }
+
+    /// Takes the thread asked for, if any.
+    pub(crate) fn take(&self) -> usize {
+        self.target.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// A connection taken over by a new one for the same client first handles every packet it has
@@ -161,6 +208,31 @@ pub(crate) struct Direct {
 }
 
 impl Link {
+    /// Counts a delivery routed on connection thread `from` (0: off the connection threads, not
+    /// counted) and asks the connection to move once a window's deliveries came from one other
+    /// thread.
+    fn count_source(&mut self, from: usize) {
+        if from == 0 || self.home == 0 {
+            return;
+        }
+        let s = &mut self.sources;
+        s.seen += 1;
+        if from != self.home {
+            if from == s.from {
+                s.from_count += 1;
+            } else {
+                s.from = from;
+                s.from_count = 1;
+            }
+        }
+        if s.seen >= SOURCE_WINDOW {
+            if s.from_count >= SOURCE_MAJORITY {
+                self.relocate.ask(s.from);
+            }
+            *s = Sources::default();
+        }
+    }
+
     /// Wakes the writer unless the reader is about to flush anyway.
     fn wake(&self) {
         if !self.deferred {
@@ -192,6 +264,8 @@ impl Link {
             writer: None,
             home: 0,
             handover: Arc::new(Handover::default()),
+            sources: Sources::default(),
+            relocate: Arc::new(Relocate::default()),
         }
     }
 }
@@ -252,22 +326,30 @@ impl Session {
 
     /// Queues a message and wakes the connection, if any.
     pub fn enqueue(&self, d: Delivery, limits: QueueLimits) -> Enqueued {
-        self.queue(d, limits, false).0
+        self.queue(d, limits, None).0
     }
 
     /// Queues a message like [`Session::enqueue`], but when the connection's writer could take
     /// it straight away, returns the writer instead of waking the writer task: the caller then
     /// writes it with [`crate::connection::write_ready`], which saves a task hand-off per
-    /// message and gets the message out before the caller's own acknowledgements.
+    /// message and gets the message out before the caller's own acknowledgements. `from` is the
+    /// connection thread routing the message (see [`crate::threads::current_home`]): where a
+    /// connection's messages come from decides whether it is asked to move (see [`Relocate`]).
     pub(crate) fn enqueue_direct(
         &self,
         d: Delivery,
         limits: QueueLimits,
+        from: usize,
     ) -> (Enqueued, Option<Direct>) {
-        self.queue(d, limits, true)
+        self.queue(d, limits, Some(from))
     }
 
-    fn queue(&self, d: Delivery, limits: QueueLimits, direct: bool) -> (Enqueued, Option<Direct>) {
+    fn queue(
+        &self,
+        d: Delivery,
+        limits: QueueLimits,
+        direct_from: Option<usize>,
+    ) -> (Enqueued, Option<Direct>) {
         let mut st = self.state.lock();
         let offline = st.link.is_none();
         if offline && d.qos == QoS::AtMostOnce {
@@ -286,10 +368,13 @@ impl Session {
             }
         }
         st.queue.push_back(d);
-        let Some(link) = &st.link else {
+        let Some(link) = &mut st.link else {
             return (result, None);
         };
-        if direct && !link.deferred && !link.closing {
+        if let Some(from) = direct_from {
+            link.count_source(from);
+        }
+        if direct_from.is_some() && !link.deferred && !link.closing {
             if let Some(writer) = &link.writer {
                 let handle = Direct {
                     conn_id: link.conn_id,
@@ -302,6 +387,13 @@ impl Session {
         }
         link.wake();
         (result, None)
+    }
+
+    /// The connection thread serving the session's connection (see
+    /// [`crate::threads::current_home`]); 0 when offline.
+    #[cfg(test)]
+    pub(crate) fn home(&self) -> usize {
+        self.state.lock().link.as_ref().map_or(0, |l| l.home)
     }
 
     /// Lets other tasks write connection `conn_id`'s output through `writer`. Called on the

@@ -124,6 +124,10 @@ struct ConnThread {
 /// ones it accepts over.
 const PLACEMENT_SLACK: usize = 2;
 
+/// Connections a thread may serve beyond twice its share and still take one moved to it (see
+/// [`ConnThreads::may_take`]).
+const MOVE_SLACK: usize = 8;
+
 /// Counts a connection as live on its thread until dropped.
 struct Live(Arc<AtomicUsize>);
 
@@ -291,13 +295,18 @@ impl ConnThreads {
         Fut: Future<Output = ()> + Send + 'static,
     {
         // The socket moves to the thread's own poller.
-        let stream = match stream.into_std() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot hand over an accepted connection");
-                return;
-            }
-        };
+        match stream.into_std() {
+            Ok(stream) => self.serve_on(index, stream, serve),
+            Err(e) => tracing::warn!(error = %e, "cannot hand over an accepted connection"),
+        }
+    }
+
+    /// Serves `stream`, taken off another thread's poller, on thread `index`.
+    pub(crate) fn serve_on<F, Fut>(&self, index: usize, stream: std::net::TcpStream, serve: F)
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let thread = self.thread(index);
         let live = Live::new(&thread.live);
         thread.handle.spawn(async move {
@@ -307,6 +316,22 @@ impl ConnThreads {
                 Err(e) => tracing::warn!(error = %e, "cannot register a connection"),
             }
         });
+    }
+
+    /// Whether thread `home` (as [`current_home`] numbers them) may take one more connection
+    /// moved from another thread: one that serves more than twice its share, and then some,
+    /// takes no more, so a thread whose publishers feed everyone does not end up with all the
+    /// connections of a large machine.
+    pub(crate) fn may_take(&self, home: usize) -> bool {
+        let Some(thread) = home.checked_sub(1).and_then(|i| self.threads.get(i)) else {
+            return false;
+        };
+        let total: usize = self
+            .threads
+            .iter()
+            .map(|t| t.live.load(Ordering::Relaxed))
+            .sum();
+        thread.live.load(Ordering::Relaxed) < 2 * total / self.threads.len() + MOVE_SLACK
     }
 
     /// Posts output for a connection served by thread `home` (as [`current_home`] numbers

@@ -132,6 +132,7 @@ mod tests {
             max_packet_size = 1024
             max_queued_messages = 5
             queue_full = "drop-oldest"
+            co_locate = false
             [[broker.users]]
             username = "u"
             password = "p"
@@ -148,6 +149,8 @@ mod tests {
         );
         assert_eq!(c.state_store.max_keys, Some(10));
         assert_eq!(c.broker.users.len(), 1);
+        assert!(!c.broker.co_locate);
+        assert!(ServerConfig::default().broker.co_locate, "on unless told otherwise");
         assert_eq!(c.workers, Some(3));
         assert_eq!(c.pin_workers, Some(false));
         assert!(!c.pins_workers(), "memory storage, told not to pin");

@@ -87,6 +87,10 @@ struct ServeArgs {
     /// when there are more threads than CPUs).
     #[arg(long, value_name = "BOOL")]
     pin_workers: Option<bool>,
+    /// Move a connection to the connection thread whose publishers send it (nearly) all its
+    /// messages (default: true).
+    #[arg(long, value_name = "BOOL")]
+    co_locate: Option<bool>,
 }
 
 fn parse_storage(s: &str) -> Result<StorageKind, String> {
@@ -157,6 +161,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.pin_workers {
             c.pin_workers = Some(v);
+        }
+        if let Some(v) = self.co_locate {
+            c.broker.co_locate = v;
         }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);
