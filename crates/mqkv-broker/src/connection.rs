@@ -456,6 +456,25 @@ async fn write_loop(
     }
 }
 
+/// Polls `event`, a future that registers the task on its first poll (a `Notified`, a watch
+/// channel's change), on its first poll and afterwards only when `happened` says it may be
+/// ready: polling it on every pass would take the lock of the notifier it waits on. The
+/// `select!` branch it serves stays enabled, because a branch's condition is read once per
+/// select: a connection whose client has gone quiet waits in one select, and would never see
+/// the event.
+fn poll_event<F: std::future::Future>(
+    event: std::pin::Pin<&mut F>,
+    registered: &mut bool,
+    happened: bool,
+    cx: &mut Context<'_>,
+) -> Poll<F::Output> {
+    if *registered && !happened {
+        return Poll::Pending;
+    }
+    *registered = true;
+    event.poll(cx)
+}
+
 /// How a connection's read loop ended.
 enum Exit {
     Ended(End),
@@ -605,6 +624,7 @@ impl Conn {
         mut writer: tokio::task::JoinHandle<()>,
     ) -> Exit {
         let max_in = self.inner.config.max_packet_size as usize;
+        let inner = self.inner.clone();
         let mut shutdown = self.inner.shutdown.subscribe();
         // One future for the whole connection: registered once, not once per read.
         // Outside the cooperative budget, so its first poll always registers this task.
@@ -624,7 +644,7 @@ impl Conn {
         let mut asked = std::pin::pin!(tokio::task::unconstrained(handover.asked.notified()));
         let mut handover_registered = false;
         let mut handed_over = false;
-        // Registered once, then polled only when a move was asked for.
+        // Registered and polled the same way.
         let relocate = self.relocate.clone();
         let mut move_asked = std::pin::pin!(tokio::task::unconstrained(relocate.asked.notified()));
         let mut move_registered = false;
@@ -656,19 +676,24 @@ impl Conn {
             }
             // Until a read brings more, `buf` holds no whole packet.
             received = false;
-            let watch_shutdown =
-                !shutdown_registered || self.inner.shutting_down.load(Ordering::SeqCst);
-            shutdown_registered = true;
-            let watch_handover = !handed_over && (!handover_registered || handover.requested());
-            handover_registered = true;
             // In this order: a client that never stops sending still sees a shutdown.
             tokio::select! {
                 biased;
-                _ = &mut shutdown, if watch_shutdown => {
+                _ = std::future::poll_fn(|cx| poll_event(
+                    shutdown.as_mut(),
+                    &mut shutdown_registered,
+                    inner.shutting_down.load(Ordering::SeqCst),
+                    cx,
+                )) => {
                     self.close_with(reason::SERVER_SHUTTING_DOWN);
                     break End::Shutdown;
                 }
-                _ = &mut asked, if watch_handover => {
+                () = std::future::poll_fn(|cx| poll_event(
+                    asked.as_mut(),
+                    &mut handover_registered,
+                    handover.requested(),
+                    cx,
+                )), if !handed_over => {
                     handed_over = true;
                     match self.finish_received(rd, &mut buf, max_in).await {
                         Received::Ended(end) => break end,
@@ -685,16 +710,12 @@ impl Conn {
                     // Write failure or takeover.
                     return Exit::Ended(End::Abnormal);
                 }
-                // Always enabled (a branch's condition is read once per select, and a client
-                // that never sends would never see the request), but polled only to register
-                // and once the request is there.
-                () = std::future::poll_fn(|cx| {
-                    if move_registered && !relocate.pending() {
-                        return Poll::Pending;
-                    }
-                    move_registered = true;
-                    std::future::Future::poll(move_asked.as_mut(), cx)
-                }) => {
+                () = std::future::poll_fn(|cx| poll_event(
+                    move_asked.as_mut(),
+                    &mut move_registered,
+                    relocate.pending(),
+                    cx,
+                )) => {
                     move_asked.set(tokio::task::unconstrained(relocate.asked.notified()));
                     move_registered = false;
                     if !handed_over {
@@ -1641,6 +1662,100 @@ mod tests {
         let (got, _sub) = reader.await.expect("reader");
         assert_eq!(got, (0..2_000).collect::<Vec<_>>());
         assert_eq!(home(&broker, "sink"), start, "the subscriber did not move");
+        broker.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+#[cfg(test)]
+mod quiet_clients {
+    //! Requests that reach a connection whose client sends nothing.
+
+    use std::time::{Duration, Instant};
+
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    use crate::broker::Broker;
+    use crate::codec::{self, Packet, Properties};
+    use crate::config::BrokerConfig;
+
+    async fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        let mut out = BytesMut::new();
+        Packet::Connect(Box::new(codec::Connect {
+            protocol_level: codec::V5,
+            clean_start: true,
+            keep_alive: 0,
+            client_id: id.to_owned(),
+            username: None,
+            password: None,
+            will: None,
+            properties: Properties::default(),
+        }))
+        .encode(&mut out, codec::V5);
+        s.write_all(&out).await.expect("write");
+        let mut connack = [0u8; 2];
+        s.read_exact(&mut connack).await.expect("CONNACK");
+        assert_eq!(connack[0] >> 4, 2);
+        let mut rest = vec![0u8; usize::from(connack[1])];
+        s.read_exact(&mut rest).await.expect("CONNACK body");
+        // One exchange after CONNECT, then silence.
+        s.write_all(&[0xC0, 0]).await.expect("PINGREQ");
+        let mut pingresp = [0u8; 2];
+        s.read_exact(&mut pingresp).await.expect("PINGRESP");
+        assert_eq!(pingresp, [0xD0, 0]);
+        s
+    }
+
+    /// Reads until the broker closes; the DISCONNECT reason code, if one came.
+    async fn disconnect_reason(s: &mut TcpStream) -> Option<u8> {
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
+        (buf.first().map(|b| b >> 4) == Some(14)).then(|| buf.get(2).copied().unwrap_or(0))
+    }
+
+    /// Shutdown reaches a client that has gone quiet at once, not after the grace.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_client_hears_of_shutdown() {
+        let broker = Broker::new(BrokerConfig::default()).expect("broker");
+        let addr = broker
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        let mut s = connect(addr, "quiet").await;
+        let started = Instant::now();
+        broker.shutdown(Duration::from_secs(5)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "shutdown waited out its grace for a silent client"
+        );
+        assert_eq!(
+            disconnect_reason(&mut s).await,
+            Some(codec::reason::SERVER_SHUTTING_DOWN)
+        );
+    }
+
+    /// A quiet client's connection, taken over by a new one for the same client id, hears of it
+    /// at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_client_taken_over_is_told_at_once() {
+        let broker = Broker::new(BrokerConfig::default()).expect("broker");
+        let addr = broker
+            .listen("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("listen");
+        let mut first = connect(addr, "twice").await;
+        let started = Instant::now();
+        let _second = connect(addr, "twice").await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "the new connection waited for the silent one"
+        );
+        assert_eq!(
+            disconnect_reason(&mut first).await,
+            Some(codec::reason::SESSION_TAKEN_OVER)
+        );
         broker.shutdown(Duration::from_secs(1)).await;
     }
 }

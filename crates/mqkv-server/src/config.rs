@@ -150,7 +150,10 @@ mod tests {
         assert_eq!(c.state_store.max_keys, Some(10));
         assert_eq!(c.broker.users.len(), 1);
         assert!(!c.broker.co_locate);
-        assert!(ServerConfig::default().broker.co_locate, "on unless told otherwise");
+        assert!(
+            ServerConfig::default().broker.co_locate,
+            "on unless told otherwise"
+        );
         assert_eq!(c.workers, Some(3));
         assert_eq!(c.pin_workers, Some(false));
         assert!(!c.pins_workers(), "memory storage, told not to pin");
