@@ -44,7 +44,7 @@ pub struct BrokerConfig {
     pub pin_connection_threads: bool,
     /// Moves a connection to the connection thread whose publishers send it (nearly) all its
     /// messages, so a publish and its deliveries are handled on one thread (see
-    /// [`crate::threads`]).
+    /// the broker's `threads` module).
     pub co_locate: bool,
 }
 

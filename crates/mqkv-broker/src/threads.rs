@@ -1,9 +1,18 @@
 //! Connection threads. Each runs a single-threaded Tokio runtime of its own and serves the
-//! connections handed to it from accept to close: a connection's reads, requests and writes all
-//! happen on one thread, each thread waits on its own epoll instance, and no task moves between
-//! threads. A work-stealing runtime instead shares one poller among its workers and wakes an
-//! idle worker to take over part of a busy one's queue, which costs a futex wake-up and cache
-//! misses on every hand-over.
+//! connections placed on it: a connection's reads, requests and writes all happen on one
+//! thread, each thread waits on its own epoll instance, and no task is stolen by another thread.
+//! A work-stealing runtime instead shares one poller among its workers and wakes an idle worker
+//! to take over part of a busy one's queue, which costs a futex wake-up and cache misses on
+//! every hand-over.
+//!
+//! A connection moves only as a whole, and only when its messages come (nearly) all from
+//! publishers served by one other thread (`co_locate`): then each publish would cost that
+//! thread a hand-off and this one a wake-up, where on one thread the publish and its deliveries
+//! are handled in one pass. The session counts where its messages come from
+//! (`session::Relocate`), the connection's reader moves it between two packets
+//! (`connection::Conn::try_move`), and [`ConnThreads::serve_on`] registers the socket with the
+//! other thread's poller; [`ConnThreads::may_take`] keeps one thread from taking more than its
+//! share.
 //!
 //! Output queued for a connection by another thread (a publish routed on another connection's
 //! thread, a notification from the state store's log thread) reaches it through its thread's
