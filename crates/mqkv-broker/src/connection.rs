@@ -289,6 +289,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         relocate,
         moves: 0,
         move_after: Instant::now(),
+        published: false,
         queued: VecDeque::new(),
     };
     conn.serve(rd, buf, keep_alive, writer, live).await;
@@ -525,6 +526,8 @@ struct Conn {
     /// two connections that feed each other from different threads do not trade places for long.
     moves: u32,
     move_after: Instant,
+    /// Whether the connection published to other clients since it was last asked to move.
+    published: bool,
     /// Publishes to services whose acknowledgement has not gone out yet, in arrival order (see
     /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front
     /// one is never done (a done front is acknowledged and removed at once).
@@ -840,7 +843,12 @@ impl Conn {
     ) -> Option<Result<(usize, tokio::sync::OwnedMutexGuard<WriteState>), ()>> {
         let home = self.relocate.take();
         let here = crate::threads::current_home();
+        // A connection that publishes as well may be one side of a request and response whose
+        // other side is asked to move to it at the same time: only the one on the later thread
+        // moves, so the two do not trade places.
+        let published = std::mem::take(&mut self.published);
         if home == 0
+            || (published && home > here)
             || here == 0
             || home == here
             || !self.queued.is_empty()
@@ -1114,6 +1122,7 @@ impl Conn {
                 properties: p.properties,
                 publisher: Some(self.client_id.clone()),
             });
+            self.published = true;
             if self.inner.route(msg) == 0 && v5 {
                 code = reason::NO_MATCHING_SUBSCRIBERS;
             }
@@ -1388,6 +1397,7 @@ mod tests {
     impl Client {
         async fn connect(addr: std::net::SocketAddr, id: &str) -> Client {
             let stream = TcpStream::connect(addr).await.expect("connect");
+            stream.set_nodelay(true).expect("nodelay");
             let mut c = Client {
                 stream,
                 buf: BytesMut::new(),
@@ -1624,6 +1634,49 @@ mod tests {
         }
         let after: Vec<usize> = (0..6).map(|i| home(&broker, &format!("sub-{i}"))).collect();
         assert_eq!(before, after);
+        broker.shutdown(Duration::from_secs(1)).await;
+    }
+
+    /// Two clients that answer each other from different threads end up on one thread, the
+    /// earlier one, instead of trading places.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_and_response_pair_meets_on_one_thread() {
+        let (broker, addr) = broker(true).await;
+        // Clients until two of them are served by different threads.
+        let mut clients: Vec<(String, Client)> = Vec::new();
+        for i in 0..8 {
+            let id = format!("peer-{i}");
+            let c = Client::connect(addr, &id).await;
+            clients.push((id, c));
+        }
+        let on = |t: usize| {
+            clients
+                .iter()
+                .position(|(id, _)| home(&broker, id) == t)
+                .expect("a client on each thread")
+        };
+        let (a, b) = (on(1), on(2));
+        let (a_id, b_id) = (clients[a].0.clone(), clients[b].0.clone());
+        clients[a]
+            .1
+            .subscribe("pair/response", QoS::AtLeastOnce)
+            .await;
+        clients[b]
+            .1
+            .subscribe("pair/request", QoS::AtLeastOnce)
+            .await;
+        for n in 0..1_000u32 {
+            clients[a].1.publish_all("pair/request", n..n + 1).await;
+            assert_eq!(clients[b].1.receive(1).await, vec![n]);
+            clients[b].1.publish_all("pair/response", n..n + 1).await;
+            assert_eq!(clients[a].1.receive(1).await, vec![n]);
+        }
+        assert_eq!(
+            home(&broker, &a_id),
+            1,
+            "the requester stayed on the earlier thread"
+        );
+        assert_eq!(home(&broker, &b_id), 1, "the responder moved to it");
         broker.shutdown(Duration::from_secs(1)).await;
     }
 
