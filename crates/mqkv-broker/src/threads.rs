@@ -406,6 +406,28 @@ mod tests {
         (server, client)
     }
 
+    /// A thread takes a moved connection only while it serves at most twice its share of the
+    /// connections, plus [`MOVE_SLACK`]; there is no thread 0 or beyond the last.
+    #[test]
+    fn a_thread_with_more_than_twice_its_share_takes_no_moved_connection() {
+        let threads = ConnThreads::start(4, false).expect("threads");
+        let set = |counts: [usize; 4]| {
+            for (t, n) in threads.threads.iter().zip(counts) {
+                t.live.store(n, Ordering::Relaxed);
+            }
+        };
+        set([20, 0, 0, 0]);
+        // 20 connections, a share of 5: up to 2 * 5 + 8 = 18 on one thread.
+        assert!(!threads.may_take(1), "20 is more than 18");
+        assert!(threads.may_take(2));
+        set([17, 1, 1, 1]);
+        assert!(threads.may_take(1), "17 is within 2 * 5 + 8");
+        assert!(!threads.may_take(0));
+        assert!(!threads.may_take(5));
+        set([0, 0, 0, 0]);
+        threads.stop();
+    }
+
     /// Connections placed from a thread that is no connection thread go to the least busy
     /// thread. They stay open, so which thread is least busy does not depend on when the
     /// earlier ones end.
