@@ -1375,7 +1375,8 @@ impl Conn {
 
 #[cfg(test)]
 mod tests {
-    //! Connections moving between threads (see [`Conn::try_move`]), with raw MQTT 5 clients.
+    //! Connections moving between threads (see [`Conn::try_move`]), and requests that reach a
+    //! connection whose client has gone quiet, with raw MQTT 5 clients.
 
     use std::time::Duration;
 
@@ -1717,74 +1718,38 @@ mod tests {
         assert_eq!(home(&broker, "sink"), start, "the subscriber did not move");
         broker.shutdown(Duration::from_secs(1)).await;
     }
-}
 
-#[cfg(test)]
-mod quiet_clients {
-    //! Requests that reach a connection whose client sends nothing.
-
-    use std::time::{Duration, Instant};
-
-    use bytes::BytesMut;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpStream;
-
-    use crate::broker::Broker;
-    use crate::codec::{self, Packet, Properties};
-    use crate::config::BrokerConfig;
-
-    async fn connect(addr: std::net::SocketAddr, id: &str) -> TcpStream {
-        let mut s = TcpStream::connect(addr).await.expect("connect");
-        let mut out = BytesMut::new();
-        Packet::Connect(Box::new(codec::Connect {
-            protocol_level: codec::V5,
-            clean_start: true,
-            keep_alive: 0,
-            client_id: id.to_owned(),
-            username: None,
-            password: None,
-            will: None,
-            properties: Properties::default(),
-        }))
-        .encode(&mut out, codec::V5);
-        s.write_all(&out).await.expect("write");
-        let mut connack = [0u8; 2];
-        s.read_exact(&mut connack).await.expect("CONNACK");
-        assert_eq!(connack[0] >> 4, 2);
-        let mut rest = vec![0u8; usize::from(connack[1])];
-        s.read_exact(&mut rest).await.expect("CONNACK body");
-        // One exchange after CONNECT, then silence.
-        s.write_all(&[0xC0, 0]).await.expect("PINGREQ");
-        let mut pingresp = [0u8; 2];
-        s.read_exact(&mut pingresp).await.expect("PINGRESP");
-        assert_eq!(pingresp, [0xD0, 0]);
-        s
+    /// Connects and exchanges one PINGREQ, after which the client says nothing more.
+    async fn gone_quiet(addr: std::net::SocketAddr, id: &str) -> Client {
+        let mut c = Client::connect(addr, id).await;
+        c.send(Packet::PingReq).await;
+        let (kind, _) = c.frame().await;
+        assert_eq!(kind, 13, "PINGRESP");
+        c
     }
 
     /// Reads until the broker closes; the DISCONNECT reason code, if one came.
-    async fn disconnect_reason(s: &mut TcpStream) -> Option<u8> {
-        let mut buf = Vec::new();
-        let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf)).await;
-        (buf.first().map(|b| b >> 4) == Some(14)).then(|| buf.get(2).copied().unwrap_or(0))
+    async fn disconnect_reason(c: &mut Client) -> Option<u8> {
+        let _ = tokio::time::timeout(LIMIT, async {
+            while c.stream.read_buf(&mut c.buf).await.is_ok_and(|n| n > 0) {}
+        })
+        .await;
+        (c.buf.first().map(|b| b >> 4) == Some(14)).then(|| c.buf.get(2).copied().unwrap_or(0))
     }
 
     /// Shutdown reaches a client that has gone quiet at once, not after the grace.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_silent_client_hears_of_shutdown() {
-        let broker = Broker::new(BrokerConfig::default()).expect("broker");
-        let addr = broker
-            .listen("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("listen");
-        let mut s = connect(addr, "quiet").await;
-        let started = Instant::now();
+        let (broker, addr) = broker(true).await;
+        let mut c = gone_quiet(addr, "quiet").await;
+        let started = std::time::Instant::now();
         broker.shutdown(Duration::from_secs(5)).await;
         assert!(
             started.elapsed() < Duration::from_secs(4),
             "shutdown waited out its grace for a silent client"
         );
         assert_eq!(
-            disconnect_reason(&mut s).await,
+            disconnect_reason(&mut c).await,
             Some(codec::reason::SERVER_SHUTTING_DOWN)
         );
     }
@@ -1793,14 +1758,10 @@ mod quiet_clients {
     /// at once.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_silent_client_taken_over_is_told_at_once() {
-        let broker = Broker::new(BrokerConfig::default()).expect("broker");
-        let addr = broker
-            .listen("127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("listen");
-        let mut first = connect(addr, "twice").await;
-        let started = Instant::now();
-        let _second = connect(addr, "twice").await;
+        let (broker, addr) = broker(true).await;
+        let mut first = gone_quiet(addr, "twice").await;
+        let started = std::time::Instant::now();
+        let _second = Client::connect(addr, "twice").await;
         assert!(
             started.elapsed() < Duration::from_secs(1),
             "the new connection waited for the silent one"
