@@ -588,28 +588,27 @@ mod tests {
             pubsub("pubsub-fanin", Target::Mqkv, 64, 90.0),
         ];
         let checks = target_checks(&results);
-        let fanout: Vec<(&str, Option<bool>)> = checks
-            .iter()
-            .filter(|c| c.name.starts_with("pubsub-fanout"))
-            .map(|c| (c.name.as_str(), c.met))
-            .collect();
         assert_eq!(
-            fanout,
+            rows_of(&checks, "pubsub-fanout"),
             vec![
                 ("pubsub-fanout QoS 1 throughput (16 clients)", Some(false)),
                 ("pubsub-fanout QoS 1 throughput (256 clients)", Some(true)),
             ]
         );
         // Without its anchor a concurrency is listed, not judged.
-        let fanin: Vec<(&str, Option<bool>)> = checks
-            .iter()
-            .filter(|c| c.name.starts_with("pubsub-fanin"))
-            .map(|c| (c.name.as_str(), c.met))
-            .collect();
         assert_eq!(
-            fanin,
+            rows_of(&checks, "pubsub-fanin"),
             vec![("pubsub-fanin QoS 1 throughput (64 clients)", None)]
         );
+    }
+
+    /// The names and verdicts of the target rows of one workload.
+    fn rows_of<'a>(checks: &'a [TargetCheck], workload: &str) -> Vec<(&'a str, Option<bool>)> {
+        checks
+            .iter()
+            .filter(|c| c.name.starts_with(workload))
+            .map(|c| (c.name.as_str(), c.met))
+            .collect()
     }
 
     #[test]
