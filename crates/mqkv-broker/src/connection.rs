@@ -784,13 +784,10 @@ impl Conn {
                     };
                     let stream = match rd.reunite(wr).map(TcpStream::into_std) {
                         Ok(Ok(stream)) => stream,
-                        Ok(Err(e)) => {
-                            tracing::warn!(client_id = %self.client_id, error = %e, "cannot move a connection");
-                            drop(guard);
-                            self.end(End::Abnormal);
-                            return;
-                        }
-                        Err(_) => {
+                        failed => {
+                            if let Ok(Err(e)) = failed {
+                                tracing::warn!(client_id = %self.client_id, error = %e, "cannot move a connection");
+                            }
                             drop(guard);
                             self.end(End::Abnormal);
                             return;
