@@ -108,7 +108,9 @@ struct Args {
     no_install: bool,
     /// Runs each throughput and latency configuration this many times, mqkv and its anchors
     /// taking turns to go first, and reports the median run of each (by throughput; by p99 for
-    /// the fixed-rate run). results.json lists every run's figure. Memory workloads run once.
+    /// the fixed-rate run). results.json lists every run's figure. The targets are then
+    /// judged on the median of mqkv's figure over its anchor's round by round. Memory workloads
+    /// run once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
     repeat: u32,
 }

@@ -232,10 +232,67 @@ pub fn ratios(results: &[RunResult]) -> Vec<Ratio> {
 pub struct TargetCheck {
     pub name: String,
     pub requirement: String,
+    /// mqkv's figure and the anchor's: each the median of its runs.
     pub mqkv: Option<f64>,
     pub anchor: Option<f64>,
-    /// None when the run did not measure it.
+    /// With repeated runs, mqkv's figure over the anchor's round by round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<RoundRatios>,
+    /// None when the run did not measure it. Judged on the rounds' median ratio when there
+    /// are rounds, else on the two figures.
     pub met: Option<bool>,
+}
+
+/// mqkv's figure over its anchor's, one per round. A round runs mqkv and the anchor back to
+/// back (which goes first alternates), so each ratio compares two runs on the machine as it
+/// was at that moment; the ratio of two medians can pair a run from a quiet stretch with one
+/// from a busy stretch.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RoundRatios {
+    /// Round by round, in the order they ran.
+    pub each: Vec<f64>,
+    /// The median; of an even count, the one of the two middle ratios that is worse for mqkv.
+    pub median: f64,
+}
+
+impl RoundRatios {
+    /// The ratios of `mqkv`'s figures over `anchor`'s, paired by round; `higher_is_better`
+    /// says which way is worse for mqkv. None unless both ran the same number of rounds (more
+    /// than one), every figure positive.
+    fn pair(mqkv: &[f64], anchor: &[f64], higher_is_better: bool) -> Option<RoundRatios> {
+        if mqkv.len() < 2 || mqkv.len() != anchor.len() {
+            return None;
+        }
+        let each: Vec<f64> = mqkv
+            .iter()
+            .zip(anchor)
+            .map(|(&m, &a)| (m > 0.0 && a > 0.0).then(|| m / a))
+            .collect::<Option<_>>()?;
+        let mut sorted = each.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if higher_is_better {
+            sorted[(n - 1) / 2]
+        } else {
+            sorted[n / 2]
+        };
+        Some(RoundRatios { each, median })
+    }
+}
+
+/// One figure per round of a repeated run, in round order: throughput, or the p99 latency.
+fn round_figures(r: &RunResult, by_p99: bool) -> Option<Vec<f64>> {
+    let key = if by_p99 {
+        "runs_p99_us"
+    } else {
+        "runs_throughput"
+    };
+    r.extra
+        .get(key)?
+        .as_array()?
+        .iter()
+        .map(serde_json::Value::as_f64)
+        .collect()
 }
 
 /// The runs of `workload` against `target` that did not fail and that `pick` accepts.
@@ -262,19 +319,54 @@ fn find<'a>(
 
 pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
     let mut checks = Vec::new();
+    // `ok` holds for mqkv's figure against the anchor's, and is unchanged by scaling both, so
+    // a ratio is judged as `ok(ratio, 1.0)`.
     let check = |name: &str,
                  requirement: &str,
                  mqkv: Option<f64>,
                  anchor: Option<f64>,
+                 rounds: Option<RoundRatios>,
                  ok: &dyn Fn(f64, f64) -> bool| TargetCheck {
         name: name.to_owned(),
         requirement: requirement.to_owned(),
         mqkv,
         anchor,
-        met: match (mqkv, anchor) {
-            (Some(m), Some(a)) => Some(ok(m, a)),
+        met: match (&rounds, mqkv, anchor) {
+            (Some(r), _, _) => Some(ok(r.median, 1.0)),
+            (None, Some(m), Some(a)) => Some(ok(m, a)),
             _ => None,
         },
+        rounds,
+    };
+    // A row compared run by run: throughput, or p99 latency (`by_p99`, lower is better).
+    let compared = |name: &str,
+                    requirement: &str,
+                    m: Option<&RunResult>,
+                    a: Option<&RunResult>,
+                    by_p99: bool,
+                    ok: &dyn Fn(f64, f64) -> bool| {
+        let figure = |r: &RunResult| {
+            if by_p99 {
+                r.latency_us.as_ref().map(|l| l.p99)
+            } else {
+                Some(r.throughput)
+            }
+        };
+        let rounds = m.zip(a).and_then(|(m, a)| {
+            RoundRatios::pair(
+                &round_figures(m, by_p99)?,
+                &round_figures(a, by_p99)?,
+                !by_p99,
+            )
+        });
+        check(
+            name,
+            requirement,
+            m.and_then(figure),
+            a.and_then(figure),
+            rounds,
+            ok,
+        )
     };
     // A throughput row, named with the concurrency of mqkv's run.
     let throughput = |label: &str,
@@ -282,11 +374,12 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
                       m: Option<&RunResult>,
                       a: Option<&RunResult>,
                       ok: &dyn Fn(f64, f64) -> bool| {
-        check(
+        compared(
             &format!("{label} ({} clients)", m.map_or(0, |m| m.clients)),
             requirement,
-            m.map(|r| r.throughput),
-            a.map(|r| r.throughput),
+            m,
+            a,
+            false,
             ok,
         )
     };
@@ -317,14 +410,14 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             ));
         }
     }
-    let p99 = |r: &RunResult| r.latency_us.as_ref().map(|l| l.p99);
     let m = find(results, "pubsub-rate", Target::Mqkv, |_| true);
     let a = find(results, "pubsub-rate", Target::Mosquitto, |_| true);
-    checks.push(check(
+    checks.push(compared(
         "QoS 1 p99 latency at 1,000 msg/s (µs)",
         "<= Mosquitto",
-        m.and_then(p99),
-        a.and_then(p99),
+        m,
+        a,
+        true,
         &|m, a| m <= a,
     ));
     // State store at 64 clients (or the largest measured below it), 16 B values.
@@ -363,6 +456,7 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
         "< 30 KiB",
         m.and_then(|r| r.extra_f64("bytes_per_connection")),
         a.and_then(|r| r.extra_f64("bytes_per_connection")),
+        None,
         &|m, _| m < 30.0 * 1024.0,
     ));
     let m = find(results, "mem-keys", Target::Mqkv, |_| true);
@@ -372,6 +466,7 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
         "< 250 B",
         m.and_then(|r| r.extra_f64("overhead_bytes_per_key")),
         a.and_then(|r| r.extra_f64("overhead_bytes_per_key")),
+        None,
         &|m, _| m < 250.0,
     );
     if c.met.is_none() {
@@ -497,16 +592,27 @@ pub fn table(results: &[RunResult], ratios: &[Ratio]) -> String {
 
 pub fn targets_table(checks: &[TargetCheck]) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "| issue target | requirement | mqkv | anchor | met |");
-    let _ = writeln!(s, "|---|---|--:|--:|---|");
+    let _ = writeln!(
+        s,
+        "| issue target | requirement | mqkv | anchor | mqkv/anchor by round: median (each) | met |"
+    );
+    let _ = writeln!(s, "|---|---|--:|--:|---|---|");
     for c in checks {
+        let rounds = c.rounds.as_ref().map_or_else(
+            || "-".to_owned(),
+            |r| {
+                let each: Vec<String> = r.each.iter().map(|x| format!("{x:.2}")).collect();
+                format!("{:.2} ({})", r.median, each.join(", "))
+            },
+        );
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             c.name,
             c.requirement,
             c.mqkv.map(fmt_num).unwrap_or_else(|| "-".into()),
             c.anchor.map(fmt_num).unwrap_or_else(|| "-".into()),
+            rounds,
             match c.met {
                 Some(true) => "yes",
                 Some(false) => "**no**",
@@ -609,6 +715,101 @@ mod tests {
             .filter(|c| c.name.starts_with(workload))
             .map(|c| (c.name.as_str(), c.met))
             .collect()
+    }
+
+    /// A repeated run of `target` whose rounds gave `figures` (throughput, or p99 with
+    /// `by_p99`), as `median_run` reports it.
+    fn repeated(workload: &str, target: Target, figures: &[f64], by_p99: bool) -> RunResult {
+        let runs = figures
+            .iter()
+            .map(|&f| {
+                let mut r = if by_p99 {
+                    run(workload, 1000.0, f)
+                } else {
+                    run(workload, f, 1.0)
+                };
+                r.target = target;
+                r.qos = Some(1);
+                r
+            })
+            .collect();
+        median_run(runs).expect("a run")
+    }
+
+    #[test]
+    fn a_target_is_judged_on_the_median_of_the_rounds_ratios() {
+        // The anchor's median comes from a quiet round and mqkv's from a busy one: the
+        // medians' ratio is 104/120 = 0.87, while round by round mqkv leads twice of three.
+        let results = vec![
+            repeated("pubsub-fanout", Target::Mqkv, &[100.0, 104.0, 130.0], false),
+            repeated(
+                "pubsub-fanout",
+                Target::Mosquitto,
+                &[95.0, 120.0, 125.0],
+                false,
+            ),
+        ];
+        let checks = target_checks(&results);
+        let c = checks
+            .iter()
+            .find(|c| c.name.starts_with("pubsub-fanout"))
+            .expect("a fan-out row");
+        assert_eq!((c.mqkv, c.anchor), (Some(104.0), Some(120.0)));
+        let rounds = c.rounds.as_ref().expect("paired rounds");
+        let each: Vec<String> = rounds.each.iter().map(|x| format!("{x:.3}")).collect();
+        assert_eq!(each, ["1.053", "0.867", "1.040"]);
+        assert_eq!(format!("{:.3}", rounds.median), "1.040");
+        assert_eq!(c.met, Some(true));
+        // The table shows both.
+        let table = targets_table(&checks);
+        assert!(
+            table.contains("| 104 | 120 | 1.04 (1.05, 0.87, 1.04) | yes |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn of_an_even_count_of_rounds_the_worse_middle_ratio_counts() {
+        // Throughput: 0.9 and 1.1, the lower one.
+        let results = vec![
+            repeated("pubsub-fanin", Target::Mqkv, &[90.0, 110.0], false),
+            repeated("pubsub-fanin", Target::Mosquitto, &[100.0, 100.0], false),
+            // p99 (lower is better): 0.9 and 1.1, the higher one.
+            repeated("pubsub-rate", Target::Mqkv, &[90.0, 110.0], true),
+            repeated("pubsub-rate", Target::Mosquitto, &[100.0, 100.0], true),
+        ];
+        let checks = target_checks(&results);
+        let fanin = checks
+            .iter()
+            .find(|c| c.name.starts_with("pubsub-fanin"))
+            .expect("a fan-in row");
+        assert_eq!(fanin.rounds.as_ref().map(|r| r.median), Some(0.9));
+        assert_eq!(fanin.met, Some(false));
+        let p99 = checks
+            .iter()
+            .find(|c| c.name.starts_with("QoS 1 p99"))
+            .expect("a latency row");
+        assert_eq!(p99.rounds.as_ref().map(|r| r.median), Some(1.1));
+        assert_eq!(p99.met, Some(false));
+    }
+
+    #[test]
+    fn without_matching_rounds_a_target_is_judged_on_the_two_figures() {
+        let results = vec![
+            repeated("pubsub-fanout", Target::Mqkv, &[100.0, 104.0, 130.0], false),
+            repeated("pubsub-fanout", Target::Mosquitto, &[95.0, 120.0], false),
+        ];
+        let checks = target_checks(&results);
+        let c = checks
+            .iter()
+            .find(|c| c.name.starts_with("pubsub-fanout"))
+            .expect("a fan-out row");
+        assert!(c.rounds.is_none());
+        // 104 against the lower middle of (95, 120).
+        assert_eq!(
+            (c.mqkv, c.anchor, c.met),
+            (Some(104.0), Some(95.0), Some(true))
+        );
     }
 
     #[test]
