@@ -708,6 +708,14 @@ mod tests {
         );
     }
 
+    /// The first target row whose name starts with `prefix`.
+    fn row<'a>(checks: &'a [TargetCheck], prefix: &str) -> &'a TargetCheck {
+        checks
+            .iter()
+            .find(|c| c.name.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no row {prefix}"))
+    }
+
     /// The names and verdicts of the target rows of one workload.
     fn rows_of<'a>(checks: &'a [TargetCheck], workload: &str) -> Vec<(&'a str, Option<bool>)> {
         checks
@@ -750,10 +758,7 @@ mod tests {
             ),
         ];
         let checks = target_checks(&results);
-        let c = checks
-            .iter()
-            .find(|c| c.name.starts_with("pubsub-fanout"))
-            .expect("a fan-out row");
+        let c = row(&checks, "pubsub-fanout");
         assert_eq!((c.mqkv, c.anchor), (Some(104.0), Some(120.0)));
         let rounds = c.rounds.as_ref().expect("paired rounds");
         let each: Vec<String> = rounds.each.iter().map(|x| format!("{x:.3}")).collect();
@@ -779,16 +784,10 @@ mod tests {
             repeated("pubsub-rate", Target::Mosquitto, &[100.0, 100.0], true),
         ];
         let checks = target_checks(&results);
-        let fanin = checks
-            .iter()
-            .find(|c| c.name.starts_with("pubsub-fanin"))
-            .expect("a fan-in row");
+        let fanin = row(&checks, "pubsub-fanin");
         assert_eq!(fanin.rounds.as_ref().map(|r| r.median), Some(0.9));
         assert_eq!(fanin.met, Some(false));
-        let p99 = checks
-            .iter()
-            .find(|c| c.name.starts_with("QoS 1 p99"))
-            .expect("a latency row");
+        let p99 = row(&checks, "QoS 1 p99");
         assert_eq!(p99.rounds.as_ref().map(|r| r.median), Some(1.1));
         assert_eq!(p99.met, Some(false));
     }
@@ -800,10 +799,7 @@ mod tests {
             repeated("pubsub-fanout", Target::Mosquitto, &[95.0, 120.0], false),
         ];
         let checks = target_checks(&results);
-        let c = checks
-            .iter()
-            .find(|c| c.name.starts_with("pubsub-fanout"))
-            .expect("a fan-out row");
+        let c = row(&checks, "pubsub-fanout");
         assert!(c.rounds.is_none());
         // 104 against the lower middle of (95, 120).
         assert_eq!(
