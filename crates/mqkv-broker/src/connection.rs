@@ -29,19 +29,66 @@ use crate::topic;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const WRITE_BATCH: usize = 256 * 1024;
-/// Size of a connection's read buffer, and the room it gets back once less than
-/// [`MIN_READ`] is left.
-const READ_CHUNK: usize = 8 * 1024;
-const MIN_READ: usize = 2 * 1024;
 /// Most bytes a connection reads to finish what it received when it is taken over.
 const HANDOVER_READ_MAX: usize = 256 * 1024;
 
-/// Gives `buf` back [`READ_CHUNK`] of room once less than [`MIN_READ`] is left. Decoded packets
-/// split their bytes off the front of the buffer, so its spare room shrinks; without this a read
-/// could fetch a few dozen bytes at a time.
-fn make_read_room(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < MIN_READ {
-        buf.reserve(READ_CHUNK);
+/// How much room a connection's read buffer gets. Decoded packets split their bytes off the
+/// front of the buffer, so its spare room shrinks; it is given a chunk of room back once less
+/// than a quarter of a chunk is left, so a read never fetches only a few dozen bytes.
+///
+/// The chunk starts small: most connections of a broker send little (a device that publishes
+/// now and then, a subscriber's acknowledgements), and an idle connection keeps its buffer, so
+/// its size is most of what an idle connection costs. A read that fills all the room it had
+/// doubles the chunk, and a connection that has sent [`ReadRoom::MAX`] bytes gets the largest
+/// chunk, so a busy connection reads in large chunks and takes new room seldom (a request's
+/// bytes stay shared with the buffer while its work is under way, so new room is often a new
+/// allocation); a connection found idle by its keep alive check starts small again.
+#[derive(Debug)]
+struct ReadRoom {
+    chunk: usize,
+    /// Bytes read since the connection began or was last found idle, counted up to
+    /// [`ReadRoom::MAX`].
+    read: usize,
+}
+
+impl ReadRoom {
+    const MIN: usize = 1024;
+    const MAX: usize = 8 * 1024;
+
+    fn new() -> ReadRoom {
+        ReadRoom {
+            chunk: Self::MIN,
+            read: 0,
+        }
+    }
+
+    /// Gives `buf` a chunk of room once less than a quarter of one is left; returns the room
+    /// the next read has.
+    fn make(&self, buf: &mut BytesMut) -> usize {
+        if buf.capacity() - buf.len() < self.chunk / 4 {
+            buf.reserve(self.chunk);
+        }
+        buf.capacity() - buf.len()
+    }
+
+    /// Notes a read of `n` bytes into `room` bytes of room: one that filled it doubles the
+    /// chunk, and so does reading the largest chunk's worth in all.
+    fn read(&mut self, n: usize, room: usize) {
+        self.read = (self.read + n).min(Self::MAX);
+        if self.read >= Self::MAX {
+            self.chunk = Self::MAX;
+        } else if n >= room {
+            self.chunk = (self.chunk * 2).min(Self::MAX);
+        }
+    }
+
+    /// An idle connection: an empty buffer that grew is given back, and the chunk starts small
+    /// again.
+    fn idle(&mut self, buf: &mut BytesMut) {
+        if buf.is_empty() && buf.capacity() > Self::MIN {
+            *buf = BytesMut::with_capacity(Self::MIN);
+        }
+        *self = ReadRoom::new();
     }
 }
 
@@ -61,11 +108,12 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     tracing::debug!(%peer, "connection accepted");
     let (mut rd, mut wr) = stream.into_split();
     let max_in = inner.config.max_packet_size as usize;
-    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    let mut read_room = ReadRoom::new();
+    let mut buf = BytesMut::with_capacity(ReadRoom::MIN);
 
     let connect = match tokio::time::timeout(
         CONNECT_TIMEOUT,
-        read_connect(&mut rd, &mut buf, max_in),
+        read_connect(&mut rd, &mut buf, &mut read_room, max_in),
     )
     .await
     {
@@ -290,6 +338,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         moves: 0,
         move_after: Instant::now(),
         published: false,
+        read_room,
         queued: VecDeque::new(),
     };
     conn.serve(rd, buf, keep_alive, writer, live).await;
@@ -316,6 +365,7 @@ fn peek_level(buf: &[u8]) -> Option<u8> {
 async fn read_connect(
     rd: &mut tokio::net::tcp::OwnedReadHalf,
     buf: &mut BytesMut,
+    read_room: &mut ReadRoom,
     max: usize,
 ) -> Result<Connect, ConnectFailure> {
     loop {
@@ -335,9 +385,10 @@ async fn read_connect(
             Ok(None) => {}
             Err(e) => return Err(ConnectFailure::Decode(e)),
         }
+        let room = read_room.make(buf);
         match rd.read_buf(buf).await {
             Ok(0) | Err(_) => return Err(ConnectFailure::Io),
-            Ok(_) => {}
+            Ok(n) => read_room.read(n, room),
         }
     }
 }
@@ -528,6 +579,7 @@ struct Conn {
     move_after: Instant,
     /// Whether the connection published to other clients since it was last asked to move.
     published: bool,
+    read_room: ReadRoom,
     /// Publishes to services whose acknowledgement has not gone out yet, in arrival order (see
     /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front
     /// one is never done (a done front is acknowledged and removed at once).
@@ -675,8 +727,8 @@ impl Conn {
                         break End::Abnormal;
                     }
                 }
-                make_read_room(&mut buf);
             }
+            let room = self.read_room.make(&mut buf);
             // Until a read brings more, `buf` holds no whole packet.
             received = false;
             // In this order: a client that never stops sending still sees a shutdown.
@@ -739,9 +791,10 @@ impl Conn {
                         writer.abort();
                         return Exit::Ended(End::Abnormal);
                     }
-                    Ok(_) => {
+                    Ok(n) => {
                         last = Instant::now();
                         received = true;
+                        self.read_room.read(n, room);
                     }
                 },
                 () = idle.as_mut(), if ka.is_some() => {
@@ -751,6 +804,9 @@ impl Conn {
                         break End::Abnormal;
                     }
                     idle.as_mut().reset(deadline.into());
+                    // At most once per keep alive period: a good time to give back a buffer
+                    // that a burst made large.
+                    self.read_room.idle(&mut buf);
                 }
             }
         };
@@ -899,7 +955,7 @@ impl Conn {
         let mut room = HANDOVER_READ_MAX;
         let mut closed = false;
         while room > 0 {
-            make_read_room(buf);
+            self.read_room.make(buf);
             match rd.try_read_buf(buf) {
                 Ok(0) => {
                     closed = true;
@@ -1521,6 +1577,90 @@ mod tests {
             }
         }
         None
+    }
+
+    #[test]
+    fn a_read_room_grows_with_what_the_connection_sends_and_shrinks_when_idle() {
+        let mut room = super::ReadRoom::new();
+        let mut buf = BytesMut::new();
+        // A new connection gets the small chunk.
+        let r = room.make(&mut buf);
+        assert!(
+            (super::ReadRoom::MIN..2 * super::ReadRoom::MIN).contains(&r),
+            "{r}"
+        );
+        // Reads that leave room change nothing until the largest chunk's worth has come.
+        room.read(100, r);
+        assert_eq!(room.chunk, super::ReadRoom::MIN);
+        // A read that filled its room doubles the chunk, up to the largest.
+        room.read(r, r);
+        assert_eq!(room.chunk, 2 * super::ReadRoom::MIN);
+        for _ in 0..10 {
+            room.read(1, 1);
+        }
+        assert_eq!(room.chunk, super::ReadRoom::MAX);
+        buf.put_bytes(0, 10);
+        let r = room.make(&mut buf);
+        assert!(r >= super::ReadRoom::MAX, "{r}");
+        // Idle with bytes of a packet still buffered: the buffer is kept, the chunk starts over.
+        room.idle(&mut buf);
+        assert_eq!((buf.len(), room.chunk), (10, super::ReadRoom::MIN));
+        // Idle and empty: a grown buffer is given back.
+        buf.clear();
+        room.idle(&mut buf);
+        assert!(buf.capacity() <= super::ReadRoom::MIN, "{}", buf.capacity());
+        // Small reads add up: the largest chunk's worth in all grows the chunk to the largest.
+        let mut room = super::ReadRoom::new();
+        for _ in 0..super::ReadRoom::MAX / 100 {
+            room.read(100, 1000);
+        }
+        assert_eq!(room.chunk, super::ReadRoom::MIN);
+        room.read(100, 1000);
+        assert_eq!(room.chunk, super::ReadRoom::MAX);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn packets_much_larger_than_the_first_read_room_arrive_whole() {
+        let (_broker, addr) = broker(true).await;
+        let mut sub = Client::connect(addr, "big-sub").await;
+        sub.subscribe("big/#", QoS::AtLeastOnce).await;
+        let mut publisher = Client::connect(addr, "big-pub").await;
+        // In one write: a publish of 100 KiB, then 50 small ones, then another large one.
+        let sizes: Vec<usize> = std::iter::once(100 * 1024)
+            .chain(std::iter::repeat_n(20, 50))
+            .chain(std::iter::once(60 * 1024))
+            .collect();
+        let mut out = BytesMut::new();
+        for (i, &size) in sizes.iter().enumerate() {
+            let payload: Vec<u8> = (0..size).map(|b| (b % 251) as u8 ^ i as u8).collect();
+            Packet::Publish(codec::Publish {
+                dup: false,
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                topic: "big/t".to_owned(),
+                packet_id: u16::try_from(i + 1).expect("id"),
+                properties: Properties::default(),
+                payload: payload.into(),
+            })
+            .encode(&mut out, codec::V5);
+        }
+        publisher.stream.write_all(&out).await.expect("write");
+        for (i, &size) in sizes.iter().enumerate() {
+            let (kind, mut frame) = sub.frame().await;
+            assert_eq!(kind, 3, "PUBLISH {i}");
+            let Ok(Some(Packet::Publish(p))) =
+                codec::decode(&mut frame, Some(codec::V5), usize::MAX)
+            else {
+                panic!("undecodable PUBLISH {i}");
+            };
+            let expected: Vec<u8> = (0..size).map(|b| (b % 251) as u8 ^ i as u8).collect();
+            assert!(p.payload[..] == expected[..], "payload {i} of {size} bytes");
+            sub.send(Packet::PubAck(codec::Ack {
+                packet_id: p.packet_id,
+                ..Default::default()
+            }))
+            .await;
+        }
     }
 
     async fn broker(co_locate: bool) -> (Broker, std::net::SocketAddr) {
