@@ -34,12 +34,14 @@ def main():
     waits = defaultdict(list)
     on_cpu = defaultdict(float)
     switches = defaultdict(lambda: defaultdict(int))
+    wakers = defaultdict(int)  # (waker, woken) -> count
+    handovers = defaultdict(int)  # (prev, state, next) -> count
     first = last = None
     for line in sys.stdin:
         m = LINE.match(line)
         if not m:
             continue
-        _, _, _, t, event, trace = m.groups()
+        comm, _, _, t, event, trace = m.groups()
         t = float(t)
         first = t if first is None else first
         last = t
@@ -48,6 +50,7 @@ def main():
             if w:
                 names[w.group(2)] = w.group(1)
                 woken[w.group(2)] = t
+                wakers[(fold(comm), fold(w.group(1)))] += 1
         elif event == "sched:sched_switch":
             s = SWITCH.search(trace)
             if not s:
@@ -57,6 +60,7 @@ def main():
             if prev in running:
                 on_cpu[fold(prev_comm)] += t - running.pop(prev)
             switches[fold(prev_comm)][state.rstrip("+")[:1]] += 1
+            handovers[(fold(prev_comm), state.rstrip("+")[:1], fold(next_comm))] += 1
             if nxt in woken:
                 waits[fold(next_comm)].append(t - woken.pop(nxt))
             running[nxt] = t
@@ -85,6 +89,28 @@ def main():
             f"{p90:>5.1f}us {sum(w) / span * 1e3:>7.1f}ms {on_cpu.get(name, 0.0) / span * 1e3:>7.1f}ms "
             f"{sw.get('S', 0) / span:>7.0f} {sw.get('D', 0) / span:>7.0f} {sw.get('R', 0) / span:>7.0f}"
         )
+    print_pairs(
+        "wake-ups a second, by waker and woken thread:",
+        ("waker", "woken"),
+        wakers,
+        span,
+    )
+    print_pairs(
+        "switches a second, by the thread leaving the CPU, its state and the thread taking it:",
+        ("leaving", "state", "taking"),
+        handovers,
+        span,
+    )
+
+
+def print_pairs(title, columns, counts, span, rows=16):
+    """The most frequent `rows` keys of `counts`, per second of `span`, with their total."""
+    total = sum(counts.values())
+    print()
+    print(f"{title} {total / span:.0f} in all")
+    print(" ".join(f"{c:<20}" for c in columns) + f" {'per s':>8}")
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:rows]:
+        print(" ".join(f"{k[:20]:<20}" for k in key) + f" {n / span:>8.0f}")
 
 
 if __name__ == "__main__":
