@@ -366,17 +366,11 @@ const KEEP_ALIVE_SECS: u16 = 60;
 
 pub fn connect_packet(client_id: &str) -> Packet {
     Packet::Connect(Box::new(Connect {
-        protocol_level: V5,
-        clean_start: true,
-        keep_alive: KEEP_ALIVE_SECS,
-        client_id: client_id.to_owned(),
-        username: None,
-        password: None,
-        will: None,
         properties: Properties {
             receive_maximum: Some(u16::MAX),
             ..Properties::default()
         },
+        ..Connect::v5(client_id, KEEP_ALIVE_SECS)
     }))
 }
 

@@ -1456,17 +1456,8 @@ mod tests {
                 stream,
                 buf: BytesMut::new(),
             };
-            c.send(Packet::Connect(Box::new(codec::Connect {
-                protocol_level: codec::V5,
-                clean_start: true,
-                keep_alive: 60,
-                client_id: id.to_owned(),
-                username: None,
-                password: None,
-                will: None,
-                properties: Properties::default(),
-            })))
-            .await;
+            c.send(Packet::Connect(Box::new(codec::Connect::v5(id, 60))))
+                .await;
             let (kind, _) = c.frame().await;
             assert_eq!(kind, 2, "CONNACK");
             c

@@ -139,17 +139,8 @@ impl RawClient {
             buf: BytesMut::with_capacity(64 * 1024),
             next_packet_id: 0,
         };
-        c.write(&[Packet::Connect(Box::new(Connect {
-            protocol_level: codec::V5,
-            clean_start: true,
-            keep_alive: 60,
-            client_id: id.to_owned(),
-            username: None,
-            password: None,
-            will: None,
-            properties: Properties::default(),
-        }))])
-        .await;
+        c.write(&[Packet::Connect(Box::new(Connect::v5(id, 60)))])
+            .await;
         assert!(matches!(
             c.read().await,
             Some(Incoming::ConnAck { reason_code: 0 })

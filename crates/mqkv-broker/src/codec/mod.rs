@@ -91,6 +91,22 @@ pub struct Connect {
     pub properties: Properties,
 }
 
+impl Connect {
+    /// An MQTT 5 CONNECT with a clean start and no credentials, will or properties.
+    pub fn v5(client_id: &str, keep_alive: u16) -> Connect {
+        Connect {
+            protocol_level: V5,
+            clean_start: true,
+            keep_alive,
+            client_id: client_id.to_owned(),
+            username: None,
+            password: None,
+            will: None,
+            properties: Properties::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConnAck {
     pub session_present: bool,
