@@ -9,6 +9,10 @@ numbers folded, so `mqkv-conn-0` and `mqkv-conn-1` are one row), per second of t
   - time on a CPU;
   - switches away, by the state the thread left in: S (sleeping), D (waiting for the disk),
     R (preempted while runnable).
+Then the most frequent pairs, per second, in two tables: who woke whom (the waker is the thread
+on the CPU when the wake-up happened, which for a wake-up from an interrupt, such as a disk
+completion, is whichever thread the interrupt landed on), and which thread handed its CPU to
+which, leaving in what state.
 """
 
 import re
