@@ -1621,9 +1621,12 @@ mod tests {
             .chain(std::iter::repeat_n(20, 50))
             .chain(std::iter::once(60 * 1024))
             .collect();
+        // Each payload differs from the others, so one delivered in place of another shows.
+        let payload = |i: usize, size: usize| -> Vec<u8> {
+            (0..size).map(|b| (b % 251) as u8 ^ i as u8).collect()
+        };
         let mut out = BytesMut::new();
         for (i, &size) in sizes.iter().enumerate() {
-            let payload: Vec<u8> = (0..size).map(|b| (b % 251) as u8 ^ i as u8).collect();
             Packet::Publish(codec::Publish {
                 dup: false,
                 qos: QoS::AtLeastOnce,
@@ -1631,7 +1634,7 @@ mod tests {
                 topic: "big/t".to_owned(),
                 packet_id: u16::try_from(i + 1).expect("id"),
                 properties: Properties::default(),
-                payload: payload.into(),
+                payload: payload(i, size).into(),
             })
             .encode(&mut out, codec::V5);
         }
@@ -1644,8 +1647,10 @@ mod tests {
             else {
                 panic!("undecodable PUBLISH {i}");
             };
-            let expected: Vec<u8> = (0..size).map(|b| (b % 251) as u8 ^ i as u8).collect();
-            assert!(p.payload[..] == expected[..], "payload {i} of {size} bytes");
+            assert!(
+                p.payload[..] == payload(i, size)[..],
+                "payload {i} of {size} bytes"
+            );
             sub.send(Packet::PubAck(codec::Ack {
                 packet_id: p.packet_id,
                 ..Default::default()
