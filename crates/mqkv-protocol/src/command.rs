@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::hlc::parse_decimal;
-use crate::resp::{bulk_len, put_array_header, put_bulk, Decimal, Reader};
+use crate::resp::{bulk_len, put_array_header, put_bulk_header, Decimal, Reader};
 use crate::ErrorKind;
 
 /// SET condition.
@@ -103,10 +103,27 @@ impl Command {
     /// Appends what [`Command::encode`] returns to `out`, which must have
     /// room for [`Command::encoded_len_bound`] bytes if it cannot grow.
     pub fn encode_into<B: BufMut>(&self, out: &mut B) {
+        self.encode_pieces(|piece| out.put_slice(piece));
+    }
+
+    /// Hands what [`Command::encode`] returns to `f` in consecutive pieces,
+    /// without building it: key and value go as they are, not copied (for
+    /// hashing a request with a large value).
+    pub fn encode_pieces(&self, mut f: impl FnMut(&[u8])) {
+        // `*`, `$` or nothing, a length of at most 20 digits, CRLF.
+        fn put(f: &mut impl FnMut(&[u8]), write: impl FnOnce(&mut &mut [u8])) {
+            let mut buf = [0u8; 24];
+            let mut rest = &mut buf[..];
+            write(&mut rest);
+            let written = 24 - rest.len();
+            f(&buf[..written]);
+        }
         self.with_args(|args| {
-            put_array_header(out, args.len());
+            put(&mut f, |out| put_array_header(out, args.len()));
             for arg in args {
-                put_bulk(out, arg);
+                put(&mut f, |out| put_bulk_header(out, arg.len()));
+                f(arg);
+                f(b"\r\n");
             }
         });
     }
@@ -359,6 +376,7 @@ fn parse_px(text: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resp::put_bulk;
     use proptest::prelude::*;
 
     fn b(s: &'static [u8]) -> Bytes {

@@ -197,10 +197,15 @@ pub(crate) fn put_array_header<B: BufMut>(out: &mut B, n: usize) {
 
 /// Appends `$<len>\r\n<bytes>\r\n`.
 pub(crate) fn put_bulk<B: BufMut>(out: &mut B, bytes: &[u8]) {
-    out.put_u8(b'$');
-    put_decimal(out, bytes.len() as u64);
-    out.put_slice(b"\r\n");
+    put_bulk_header(out, bytes.len());
     out.put_slice(bytes);
+    out.put_slice(b"\r\n");
+}
+
+/// Appends `$<len>\r\n`, what precedes a bulk string of `len` bytes.
+pub(crate) fn put_bulk_header<B: BufMut>(out: &mut B, len: usize) {
+    out.put_u8(b'$');
+    put_decimal(out, len as u64);
     out.put_slice(b"\r\n");
 }
 

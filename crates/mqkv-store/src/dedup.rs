@@ -337,11 +337,15 @@ impl DedupTable {
 /// requests, if redelivered within the retention, run again.
 ///
 /// Computed on the apply path of every write, so a request whose encoding
-/// fits is encoded on the stack rather than into an allocation.
+/// fits is encoded on the stack, and a larger one is hashed piece by piece
+/// as it would be encoded, its value where it lies: neither is copied into
+/// an allocation.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
     const ON_STACK: usize = 512;
     if command.encoded_len_bound() > ON_STACK {
-        return xxhash_rust::xxh3::xxh3_64(&command.encode());
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        command.encode_pieces(|piece| hasher.update(piece));
+        return hasher.digest();
     }
     let mut buf = [0u8; ON_STACK];
     let mut rest = &mut buf[..];
@@ -416,7 +420,7 @@ mod tests {
     #[test]
     fn fingerprint_is_the_hash_of_the_encoding_at_every_size() {
         for len in [
-            0, 1, 400, 460, 470, 480, 487, 488, 489, 500, 511, 512, 513, 4096,
+            0, 1, 400, 460, 470, 480, 487, 488, 489, 500, 511, 512, 513, 4096, 65536, 1048576,
         ] {
             let command = set_cmd("k", &"v".repeat(len), None, Some(1_000));
             assert_eq!(
