@@ -147,15 +147,21 @@ impl SnapshotFile {
     /// Writes a snapshot durably, unless the stored one is at least as new.
     /// Returns whether it was written.
     pub(crate) fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<bool, String> {
-        self.save_chunks(meta, data.chunks(CHUNK_BYTES))
+        self.save_with(|pieces| {
+            for chunk in data.chunks(CHUNK_BYTES) {
+                pieces.put(chunk)?;
+            }
+            Ok(meta.clone())
+        })
     }
 
-    /// [`Self::save`] with the data given in pieces of at most
-    /// [`CHUNK_BYTES`], each dropped once it is in the file's transaction.
-    pub(crate) fn save_chunks<C: AsRef<[u8]>>(
+    /// Writes a snapshot whose data `write` produces into the file's
+    /// transaction piece by piece, so the data is never held whole; `write`
+    /// returns the snapshot's meta. Unless the stored snapshot is at least
+    /// as new, the transaction commits durably. Returns whether it did.
+    pub(crate) fn save_with(
         &self,
-        meta: &SnapshotMeta,
-        chunks: impl IntoIterator<Item = C>,
+        write: impl FnOnce(&mut Pieces<'_>) -> Result<SnapshotMeta, String>,
     ) -> Result<bool, String> {
         let guard = self.db();
         let db = guard.as_ref().ok_or_else(|| self.closed())?;
@@ -164,7 +170,21 @@ impl SnapshotFile {
         txn.set_durability(Durability::Immediate)
             .map_err(|e| in_file(&e))?;
         {
-            let mut table = txn.open_table(SNAPSHOT).map_err(|e| in_file(&e))?;
+            let table = txn.open_table(SNAPSHOT).map_err(|e| in_file(&e))?;
+            let mut pieces = Pieces {
+                table,
+                next: 0,
+                path: &self.path,
+            };
+            pieces
+                .table
+                .remove(LEGACY_DATA_KEY)
+                .map_err(|e| in_file(&e))?;
+            pieces.clear()?;
+            // On an error the transaction is dropped, not committed: the
+            // file keeps the snapshot it had.
+            let meta = write(&mut pieces)?;
+            let table = &mut pieces.table;
             let stored = table
                 .get(META_KEY)
                 .map_err(|e| in_file(&e))?
@@ -174,19 +194,10 @@ impl SnapshotFile {
             if stored.is_some_and(|stored| stored.last_log_id >= meta.last_log_id) {
                 return Ok(false);
             }
-            let meta_bytes = postcard::to_stdvec(meta).map_err(|e| in_file(&e))?;
+            let meta_bytes = postcard::to_stdvec(&meta).map_err(|e| in_file(&e))?;
             table
                 .insert(META_KEY, meta_bytes.as_slice())
                 .map_err(|e| in_file(&e))?;
-            table.remove(LEGACY_DATA_KEY).map_err(|e| in_file(&e))?;
-            table
-                .retain_in(CHUNK_PREFIX..CHUNKS_END, |_, _| false)
-                .map_err(|e| in_file(&e))?;
-            for (index, chunk) in chunks.into_iter().enumerate() {
-                table
-                    .insert(chunk_key(index).as_str(), chunk.as_ref())
-                    .map_err(|e| in_file(&e))?;
-            }
         }
         txn.commit().map_err(|e| in_file(&e))?;
         Ok(true)
@@ -202,6 +213,35 @@ impl SnapshotFile {
     /// Closes the file; later saves and reads fail.
     pub(crate) fn close(&self) {
         drop(self.db().take());
+    }
+}
+
+/// The data pieces of a snapshot being written, in the state file's write
+/// transaction.
+pub(crate) struct Pieces<'t> {
+    table: redb::Table<'t, &'static str, &'static [u8]>,
+    /// Number of the next piece.
+    next: usize,
+    path: &'t Path,
+}
+
+impl Pieces<'_> {
+    /// Adds the next piece of the data, of at most [`CHUNK_BYTES`].
+    pub(crate) fn put(&mut self, piece: &[u8]) -> Result<(), String> {
+        self.table
+            .insert(chunk_key(self.next).as_str(), piece)
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Removes every piece: those put so far, and the stored snapshot's.
+    pub(crate) fn clear(&mut self) -> Result<(), String> {
+        self.table
+            .retain_in(CHUNK_PREFIX..CHUNKS_END, |_, _| false)
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        self.next = 0;
+        Ok(())
     }
 }
 
@@ -304,6 +344,52 @@ pub(crate) mod tests {
             .get(LEGACY_DATA_KEY)
             .expect("get")
             .is_none()));
+    }
+
+    #[test]
+    fn a_snapshot_written_piece_by_piece_can_start_over_and_fail_cleanly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = file(&dir);
+        let first = data(2 * CHUNK_BYTES + 7, 6);
+        assert!(file.save(&meta(3), &first).expect("save"));
+
+        // Pieces put before a start over are gone; the data is what came after.
+        let second = data(CHUNK_BYTES + 1, 7);
+        let written = file
+            .save_with(|pieces| {
+                pieces.put(&data(CHUNK_BYTES, 8))?;
+                pieces.put(&data(CHUNK_BYTES, 9))?;
+                pieces.put(&data(10, 10))?;
+                pieces.clear()?;
+                for chunk in second.chunks(CHUNK_BYTES) {
+                    pieces.put(chunk)?;
+                }
+                Ok(meta(4))
+            })
+            .expect("save");
+        assert!(written);
+        assert_eq!(pieces(&file), vec![chunk_key(0), chunk_key(1)]);
+        assert_eq!(file.read().expect("read"), Some((meta(4), second.clone())));
+
+        // A failure part way keeps the snapshot the file had, whole.
+        let error = file
+            .save_with(|pieces| {
+                pieces.put(&data(CHUNK_BYTES, 11))?;
+                Err("serialization failed".to_owned())
+            })
+            .expect_err("the write fails");
+        assert_eq!(error, "serialization failed");
+        assert_eq!(file.read().expect("read"), Some((meta(4), second.clone())));
+
+        // An older snapshot is not written, however it was produced.
+        let written = file
+            .save_with(|pieces| {
+                pieces.put(&data(100, 12))?;
+                Ok(meta(2))
+            })
+            .expect("save");
+        assert!(!written);
+        assert_eq!(file.read().expect("read"), Some((meta(4), second)));
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //!   only once it is installed — after startup replay — so entries replayed
 //!   from the log never reach it.
 
+use std::cell::RefCell;
 use std::io::Cursor;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -23,7 +24,7 @@ use openraft::{
     StorageIOError,
 };
 
-use crate::snapshot_file::{SnapshotFile, CHUNK_BYTES};
+use crate::snapshot_file::{Pieces, SnapshotFile, CHUNK_BYTES};
 use crate::stats::Counters;
 use crate::sync::lock;
 use crate::types::{
@@ -262,18 +263,30 @@ impl StateShared {
         // Log written from here on (while the snapshot is serialized and
         // saved) is not in it and still counts towards the next one.
         let covered = Counters::get(&self.counters.log_bytes_since_snapshot);
-        let (meta, chunks) = self.serialize_into(Chunks::default)?;
-        let (chunks, len) = (chunks.pieces, chunks.len);
-        // The pieces are handed to the file one by one and dropped there, so
-        // the serialized state shrinks as the file's transaction grows.
-        let written = self
-            .file
-            .save_chunks(&meta, chunks)
-            .map_err(|e| Failure::new(ErrorVerb::Write, e));
+        let mut built = None;
+        // The state is serialized straight into the file's transaction, one
+        // piece at a time through one buffer: never whole in memory, and no
+        // fresh memory to fault in for every piece.
+        let written = self.file.save_with(|pieces| {
+            let sink = RefCell::new(PieceSink {
+                pieces,
+                failed: None,
+            });
+            let serialized = self.serialize_into(|| PieceWriter::new(&sink));
+            if let Some(message) = sink.borrow_mut().failed.take() {
+                return Err(message);
+            }
+            let (meta, len) = serialized.map_err(|e| e.message)?;
+            built = Some((meta.clone(), len));
+            Ok(meta)
+        });
         if let Some(hook) = AFTER_SNAPSHOT.get() {
             hook();
         }
-        let written = written?;
+        let written = written.map_err(|e| Failure::new(ErrorVerb::Write, e))?;
+        let Some((meta, len)) = built else {
+            return Err(Failure::new(ErrorVerb::Write, "no snapshot was serialized"));
+        };
         if written {
             Counters::add(&self.counters.snapshots_built, 1);
             self.counters.snapshot_covers(covered, len);
@@ -341,51 +354,79 @@ pub fn set_after_snapshot(hook: fn()) {
     let _ = AFTER_SNAPSHOT.set(hook);
 }
 
-/// A postcard output of pieces of at most [`CHUNK_BYTES`]: a snapshot's
-/// data without one allocation the size of the whole (grown by doubling,
-/// that had copied itself onto fresh pages while apply waited).
-#[derive(Default)]
-struct Chunks {
-    pieces: Vec<Vec<u8>>,
+/// Where a snapshot's pieces go, and the first failure to put one there.
+struct PieceSink<'p, 't> {
+    pieces: &'p mut Pieces<'t>,
+    failed: Option<String>,
+}
+
+/// A postcard flavor that hands the serialized state to a [`PieceSink`] in
+/// pieces of [`CHUNK_BYTES`], gathered in one buffer used again for each.
+/// Its output is the number of bytes serialized. A new writer starts the
+/// data over (a serialization abandoned part way leaves no pieces behind).
+struct PieceWriter<'s, 'p, 't> {
+    sink: &'s RefCell<PieceSink<'p, 't>>,
+    buffer: Vec<u8>,
     len: u64,
 }
 
-impl Chunks {
-    fn room(&mut self) -> &mut Vec<u8> {
-        if self
-            .pieces
-            .last()
-            .is_none_or(|last| last.len() == CHUNK_BYTES)
+impl<'s, 'p, 't> PieceWriter<'s, 'p, 't> {
+    fn new(sink: &'s RefCell<PieceSink<'p, 't>>) -> Self {
         {
-            self.pieces.push(Vec::with_capacity(CHUNK_BYTES));
+            let mut sink = sink.borrow_mut();
+            if let Err(e) = sink.pieces.clear() {
+                sink.failed.get_or_insert(e);
+            }
         }
-        let last = self.pieces.len() - 1;
-        &mut self.pieces[last]
+        PieceWriter {
+            sink,
+            buffer: Vec::with_capacity(CHUNK_BYTES),
+            len: 0,
+        }
+    }
+
+    /// Puts the buffer's bytes as the next piece.
+    fn flush(&mut self) -> postcard::Result<()> {
+        let mut sink = self.sink.borrow_mut();
+        if sink.failed.is_none() {
+            if let Err(e) = sink.pieces.put(&self.buffer) {
+                sink.failed = Some(e);
+            }
+        }
+        self.buffer.clear();
+        match sink.failed {
+            // postcard's errors carry no message; the sink keeps it.
+            Some(_) => Err(postcard::Error::SerializeBufferFull),
+            None => Ok(()),
+        }
     }
 }
 
-impl postcard::ser_flavors::Flavor for Chunks {
-    type Output = Chunks;
+impl postcard::ser_flavors::Flavor for PieceWriter<'_, '_, '_> {
+    type Output = u64;
 
     fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
-        self.room().push(byte);
-        self.len += 1;
-        Ok(())
+        self.try_extend(&[byte])
     }
 
     fn try_extend(&mut self, mut bytes: &[u8]) -> postcard::Result<()> {
         self.len += bytes.len() as u64;
         while !bytes.is_empty() {
-            let piece = self.room();
-            let n = (CHUNK_BYTES - piece.len()).min(bytes.len());
-            piece.extend_from_slice(&bytes[..n]);
+            let n = (CHUNK_BYTES - self.buffer.len()).min(bytes.len());
+            self.buffer.extend_from_slice(&bytes[..n]);
             bytes = &bytes[n..];
+            if self.buffer.len() == CHUNK_BYTES {
+                self.flush()?;
+            }
         }
         Ok(())
     }
 
-    fn finalize(self) -> postcard::Result<Chunks> {
-        Ok(self)
+    fn finalize(mut self) -> postcard::Result<u64> {
+        if !self.buffer.is_empty() {
+            self.flush()?;
+        }
+        Ok(self.len)
     }
 }
 
@@ -638,7 +679,8 @@ mod tests {
     }
 
     /// The pieces put together are exactly postcard's encoding, whatever
-    /// the mix of single bytes and runs that cross a piece's end.
+    /// the mix of single bytes and runs that cross a piece's end, and a
+    /// second writer starts the data over.
     #[test]
     fn pieces_join_into_the_plain_encoding() {
         let value: (Vec<u8>, Vec<u64>, String, Vec<u8>) = (
@@ -648,12 +690,28 @@ mod tests {
             (0..(2 * CHUNK_BYTES + 5)).map(|i| i as u8).collect(),
         );
         let plain = postcard::to_stdvec(&value).expect("plain");
-        let chunks = postcard::serialize_with_flavor(&value, Chunks::default()).expect("pieces");
-        assert_eq!(chunks.len, plain.len() as u64);
-        assert!(chunks.pieces.iter().all(|p| p.len() <= CHUNK_BYTES));
-        assert!(chunks.pieces[..chunks.pieces.len() - 1]
-            .iter()
-            .all(|p| p.len() == CHUNK_BYTES));
-        assert_eq!(chunks.pieces.concat(), plain);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.redb");
+        let file = SnapshotFile::new(redb::Database::create(&path).expect("create"), path);
+        let meta = crate::snapshot_file::tests::meta(9);
+        let mut len = 0;
+        let written = file
+            .save_with(|pieces| {
+                let sink = RefCell::new(PieceSink {
+                    pieces,
+                    failed: None,
+                });
+                let abandoned = (vec![1u8; 3 * CHUNK_BYTES], 5u8);
+                postcard::serialize_with_flavor(&abandoned, PieceWriter::new(&sink))
+                    .expect("first");
+                len = postcard::serialize_with_flavor(&value, PieceWriter::new(&sink))
+                    .expect("pieces");
+                assert!(sink.borrow().failed.is_none());
+                Ok(meta.clone())
+            })
+            .expect("save");
+        assert!(written);
+        assert_eq!(len, plain.len() as u64);
+        assert_eq!(file.read().expect("read"), Some((meta, plain)));
     }
 }
