@@ -73,7 +73,12 @@ impl Server {
         let node = match config.storage {
             StorageKind::Memory => StoreNode::open_memory(store_config, notifier.hook()).await?,
             StorageKind::Disk => {
-                StoreNode::open_disk(&config.data_dir, store_config, notifier.hook()).await?
+                let options = mqkv_raft::NodeOptions {
+                    snapshot_log_bytes: store.snapshot_log_bytes,
+                    ..mqkv_raft::NodeOptions::default()
+                };
+                StoreNode::open_disk_with(&config.data_dir, store_config, notifier.hook(), options)
+                    .await?
             }
         };
         // Limits from the configuration take effect through the log, so that entries written

@@ -80,6 +80,10 @@ struct ServeArgs {
     /// State store: largest total of key and value bytes.
     #[arg(long)]
     max_bytes: Option<u64>,
+    /// State store: write a snapshot once the log since the last one outgrows this many bytes
+    /// and that snapshot (default 64 MiB).
+    #[arg(long, value_name = "N")]
+    snapshot_log_bytes: Option<u64>,
     /// Threads serving client connections (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
@@ -167,6 +171,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);
+        }
+        if let Some(v) = self.snapshot_log_bytes {
+            c.state_store.snapshot_log_bytes = v;
         }
         Ok(c)
     }

@@ -37,19 +37,20 @@ struct KeyState {
 
 type Model = HashMap<String, KeyState>;
 
-fn temp_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("mqkv-crash-{}", std::process::id()));
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mqkv-crash-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-/// One writer: SETs and DELs on its own keys until the connection dies.
-async fn writer(mut c: Client, w: usize, cycle: usize, mut model: Model) -> Model {
+/// One writer: SETs and DELs on its own keys until the connection dies. Each value is padded
+/// with `pad` bytes.
+async fn writer(mut c: Client, w: usize, cycle: usize, pad: usize, mut model: Model) -> Model {
     let mut i = 0usize;
     loop {
         let key = format!("w{w}-k{}", i % KEYS_PER_WRITER);
         let delete = rand::thread_rng().gen_bool(0.2);
-        let value = format!("c{cycle}-w{w}-i{i}");
+        let value = format!("c{cycle}-w{w}-i{i}-{}", "x".repeat(pad));
         let state = model.entry(key.clone()).or_insert(KeyState {
             acked: Held::Absent,
             pending: None,
@@ -122,16 +123,37 @@ async fn verify(port: u16, model: &mut Model) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_9() {
+    let dir = temp_dir("small");
+    kill_9_cycles(&dir, 0, &[]).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Values of 16 KiB and a snapshot due after every MiB of log: snapshots are being written
+/// most of the time, so kills land in them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_writes_survive_kill_9_during_snapshots() {
+    let dir = temp_dir("snapshots");
+    kill_9_cycles(&dir, 16 << 10, &["--snapshot-log-bytes", "1048576"]).await;
+    // The snapshots held data: 128 keys of 16 KiB are 2 MiB.
+    let state = std::fs::metadata(dir.join("state.redb"))
+        .expect("the state file")
+        .len();
+    assert!(state > 2 << 20, "state file of {state} bytes");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Writers with values padded to `pad` bytes, killed with SIGKILL at a random moment, the
+/// server restarted and every key checked, a few times over; then a last check.
+async fn kill_9_cycles(dir: &std::path::Path, pad: usize, extra: &[&str]) {
     let cycles: usize = std::env::var("MQKV_CRASH_CYCLES")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
-    let dir = temp_dir();
     let mut listen = "127.0.0.1:0".to_string();
     let mut models: Vec<Model> = vec![Model::new(); WRITERS];
     let mut acked_total = 0usize;
     for cycle in 0..cycles {
-        let server = ServerProcess::start_disk(&dir, &listen, &[]);
+        let server = ServerProcess::start_disk(dir, &listen, extra);
         listen = format!("127.0.0.1:{}", server.port);
         for m in models.iter_mut() {
             verify(server.port, m).await;
@@ -146,7 +168,7 @@ async fn acknowledged_writes_survive_kill_9() {
             .drain(..)
             .zip(clients)
             .enumerate()
-            .map(|(w, (m, c))| tokio::spawn(writer(c, w, cycle, m)))
+            .map(|(w, (m, c))| tokio::spawn(writer(c, w, cycle, pad, m)))
             .collect();
         let run = rand::thread_rng().gen_range(300..1200);
         tokio::time::sleep(Duration::from_millis(run)).await;
@@ -157,11 +179,9 @@ async fn acknowledged_writes_survive_kill_9() {
             models.push(m);
         }
     }
-    let server = ServerProcess::start_disk(&dir, &listen, &[]);
+    let server = ServerProcess::start_disk(dir, &listen, extra);
     for m in models.iter_mut() {
         verify(server.port, m).await;
     }
     assert!(acked_total > 0, "the writers got answers before each crash");
-    drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }
