@@ -28,8 +28,8 @@ pub struct StateStoreConfig {
     pub scan_page_size: usize,
     /// Node id in the versions (HLCs) the store hands out.
     pub node_id: String,
-    /// A snapshot of the state is written once the log written since the last one outgrows
-    /// both this many bytes and that snapshot. Larger: fewer snapshots (with large values,
+    /// With disk storage, a snapshot of the state is written once the log written since the
+    /// last one outgrows both this many bytes and that snapshot. Larger: fewer snapshots (with large values,
     /// less written to disk), a longer log to replay at a restart.
     pub snapshot_log_bytes: u64,
 }
