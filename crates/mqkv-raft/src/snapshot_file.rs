@@ -298,7 +298,7 @@ pub(crate) mod tests {
         })
     }
 
-    fn file(dir: &tempfile::TempDir) -> SnapshotFile {
+    pub(crate) fn file(dir: &tempfile::TempDir) -> SnapshotFile {
         let path = dir.path().join("state.redb");
         let db = Database::create(&path).expect("create");
         SnapshotFile::new(db, path)

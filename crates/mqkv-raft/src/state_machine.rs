@@ -691,8 +691,7 @@ mod tests {
         );
         let plain = postcard::to_stdvec(&value).expect("plain");
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.redb");
-        let file = SnapshotFile::new(redb::Database::create(&path).expect("create"), path);
+        let file = crate::snapshot_file::tests::file(&dir);
         let meta = crate::snapshot_file::tests::meta(9);
         let mut len = 0;
         let written = file
