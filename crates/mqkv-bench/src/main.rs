@@ -69,7 +69,7 @@ struct Args {
     /// Workloads to run, comma separated, or `all`.
     #[arg(long, value_delimiter = ',')]
     workloads: Option<Vec<String>>,
-    /// Client counts for durable (`--storage disk`) SET [default: 1,16,64; smoke 1,4].
+    /// Client counts for durable (`--storage disk`) SET [default: 1,16,64,256; smoke 1,4].
     #[arg(long, value_delimiter = ',')]
     disk_clients: Option<Vec<usize>>,
     /// Requests in flight on the one connection of `pipe`, comma separated [default: 16,256;
@@ -204,7 +204,7 @@ fn plan(a: &Args) -> Result<Plan> {
         },
         clients,
         value_sizes,
-        disk_clients: list(&a.disk_clients, &[1, 16, 64], &[1, 4]),
+        disk_clients: list(&a.disk_clients, &[1, 16, 64, 256], &[1, 4]),
         pipeline_depths: list(&a.pipeline_depths, &[16, 256], &[4]),
         storm_clients: list(&a.storm_clients, &[1, 16, 64], &[1, 4]),
         workloads,
