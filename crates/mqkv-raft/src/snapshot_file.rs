@@ -125,6 +125,11 @@ fn read(db: &Database) -> Result<Option<StoredSnapshot>, ReadError> {
     }
 }
 
+/// An error of the state file at `path`, as reported.
+fn in_file(path: &Path, e: impl std::fmt::Display) -> String {
+    format!("{}: {e}", path.display())
+}
+
 /// The state file while the store runs.
 pub(crate) struct SnapshotFile {
     db: Mutex<Option<Database>>,
@@ -168,12 +173,13 @@ impl SnapshotFile {
     ) -> Result<bool, String> {
         let guard = self.db();
         let db = guard.as_ref().ok_or_else(|| self.closed())?;
-        let in_file = |e: &dyn std::fmt::Display| format!("{}: {e}", self.path.display());
-        let mut txn = db.begin_write().map_err(|e| in_file(&e))?;
+        let mut txn = db.begin_write().map_err(|e| in_file(&self.path, e))?;
         txn.set_durability(Durability::Immediate)
-            .map_err(|e| in_file(&e))?;
+            .map_err(|e| in_file(&self.path, e))?;
         {
-            let table = txn.open_table(SNAPSHOT).map_err(|e| in_file(&e))?;
+            let table = txn
+                .open_table(SNAPSHOT)
+                .map_err(|e| in_file(&self.path, e))?;
             let mut pieces = Pieces {
                 table,
                 next: 0,
@@ -182,7 +188,7 @@ impl SnapshotFile {
             pieces
                 .table
                 .remove(LEGACY_DATA_KEY)
-                .map_err(|e| in_file(&e))?;
+                .map_err(|e| in_file(&self.path, e))?;
             pieces.clear()?;
             // On an error the transaction is dropped, not committed: the
             // file keeps the snapshot it had.
@@ -190,19 +196,19 @@ impl SnapshotFile {
             let table = &mut pieces.table;
             let stored = table
                 .get(META_KEY)
-                .map_err(|e| in_file(&e))?
+                .map_err(|e| in_file(&self.path, e))?
                 .map(|guard| guard.value().to_vec());
             // Unreadable stored meta is simply replaced by good data.
             let stored = stored.and_then(|bytes| postcard::from_bytes::<SnapshotMeta>(&bytes).ok());
             if stored.is_some_and(|stored| stored.last_log_id >= meta.last_log_id) {
                 return Ok(false);
             }
-            let meta_bytes = postcard::to_stdvec(&meta).map_err(|e| in_file(&e))?;
+            let meta_bytes = postcard::to_stdvec(&meta).map_err(|e| in_file(&self.path, e))?;
             table
                 .insert(META_KEY, meta_bytes.as_slice())
-                .map_err(|e| in_file(&e))?;
+                .map_err(|e| in_file(&self.path, e))?;
         }
-        txn.commit().map_err(|e| in_file(&e))?;
+        txn.commit().map_err(|e| in_file(&self.path, e))?;
         Ok(true)
     }
 
@@ -210,7 +216,7 @@ impl SnapshotFile {
     pub(crate) fn read(&self) -> Result<Option<StoredSnapshot>, String> {
         let guard = self.db();
         let db = guard.as_ref().ok_or_else(|| self.closed())?;
-        read(db).map_err(|e| format!("{}: {e}", self.path.display()))
+        read(db).map_err(|e| in_file(&self.path, e))
     }
 
     /// Closes the file; later saves and reads fail.
@@ -233,7 +239,7 @@ impl Pieces<'_> {
     pub(crate) fn put(&mut self, piece: &[u8]) -> Result<(), String> {
         self.table
             .insert(chunk_key(self.next).as_str(), piece)
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+            .map_err(|e| in_file(self.path, e))?;
         self.next += 1;
         Ok(())
     }
@@ -242,7 +248,7 @@ impl Pieces<'_> {
     pub(crate) fn clear(&mut self) -> Result<(), String> {
         self.table
             .retain_in(CHUNK_PREFIX..CHUNKS_END, |_, _| false)
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+            .map_err(|e| in_file(self.path, e))?;
         self.next = 0;
         Ok(())
     }
