@@ -29,8 +29,8 @@ pub struct StateStoreConfig {
     /// Node id in the versions (HLCs) the store hands out.
     pub node_id: String,
     /// With disk storage, a snapshot of the state is written once the log written since the
-    /// last one outgrows both this many bytes and that snapshot. Larger: fewer snapshots (with large values,
-    /// less written to disk), a longer log to replay at a restart.
+    /// last one outgrows both this many bytes and that snapshot. Larger: fewer snapshots
+    /// (with large values, less written to disk), a longer log to replay at a restart.
     pub snapshot_log_bytes: u64,
 }
 
@@ -41,7 +41,7 @@ impl Default for StateStoreConfig {
             max_bytes: None,
             scan_page_size: 100,
             node_id: "mqkv".into(),
-            snapshot_log_bytes: 64 << 20,
+            snapshot_log_bytes: mqkv_raft::NodeOptions::default().snapshot_log_bytes,
         }
     }
 }

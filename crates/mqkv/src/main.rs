@@ -182,8 +182,9 @@ impl ServeArgs {
 /// Gives the memory the calling thread freed back to the system now. mimalloc returns freed
 /// memory lazily, as the thread that freed it goes on allocating; the thread that writes a
 /// snapshot then sleeps, and the memory the snapshot went through (its buffer and the state
-/// file's page buffers) would stay resident until the next one. Returning memory eagerly everywhere instead
-/// (`MIMALLOC_PURGE_DELAY=0`) cost a third of the throughput of 64 KiB SETs.
+/// file's page buffers) would stay resident until the next one. Returning memory eagerly
+/// everywhere instead (`MIMALLOC_PURGE_DELAY=0`) cost a third of the throughput of 64 KiB
+/// SETs.
 fn release_freed_memory() {
     // SAFETY: `mi_collect` takes no pointers; it only tidies the calling thread's heap.
     unsafe { libmimalloc_sys::mi_collect(true) }
