@@ -86,8 +86,9 @@ impl ServerConfig {
     /// Whether the connection threads are pinned. Unless set, with disk storage: the log's
     /// thread then sleeps briefly in every sync, thousands of times a second, and a scheduler
     /// that packs runnable threads onto few CPUs leaves its CPU idle while the connection
-    /// threads queue on the other (measured in BENCHMARKS.md); with memory storage nothing
-    /// sleeps on the request path, and unpinned threads balance CPU-bound work better.
+    /// threads queue on the other (measured in round 17 of `docs/bench/changes.md`); with
+    /// memory storage nothing sleeps on the request path, and unpinned threads balance
+    /// CPU-bound work better.
     pub fn pins_workers(&self) -> bool {
         self.pin_workers
             .unwrap_or(self.storage == StorageKind::Disk)
