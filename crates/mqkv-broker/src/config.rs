@@ -39,7 +39,7 @@ pub struct BrokerConfig {
     #[serde(skip)]
     pub connection_threads: usize,
     /// Pins connection thread `i` to the `i`-th CPU the process may run on, when there are no
-    /// more threads than such CPUs. Set by the server from its `pin_workers` setting and storage.
+    /// more threads than such CPUs. Set by the server from its `pin_workers` setting.
     #[serde(skip)]
     pub pin_connection_threads: bool,
     /// Moves a connection to the connection thread whose publishers send it (nearly) all its

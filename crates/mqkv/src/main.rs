@@ -87,8 +87,8 @@ struct ServeArgs {
     /// Threads serving client connections (default: one per core).
     #[arg(long)]
     workers: Option<usize>,
-    /// Pin each connection thread to a CPU of its own (default: with disk storage only; never
-    /// when there are more threads than CPUs).
+    /// Pin each connection thread to a CPU of its own (default: true; never when there are
+    /// more threads than CPUs, or only one).
     #[arg(long, value_name = "BOOL")]
     pin_workers: Option<bool>,
     /// Move a connection to the connection thread whose publishers send it (nearly) all its

@@ -239,7 +239,7 @@ fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn connection_threads_are_pinned_with_disk_storage_or_when_told() {
+fn connection_threads_are_pinned_unless_told_not_to() {
     let own_cpus = cpus_allowed("/proc/self/status");
     let one_cpu = own_cpus.parse::<usize>().is_ok();
     let pinned = |threads: &[String]| {
@@ -270,11 +270,20 @@ fn connection_threads_are_pinned_with_disk_storage_or_when_told() {
     assert!(server.stop().success());
     pinned(&threads);
 
-    // Memory storage: not pinned unless asked.
+    // Memory storage: pinned too unless told not to.
     let server = ServerProcess::start(&["--workers", "2"]);
     let (_, threads) = conn_thread_cpus(server.pid());
     assert!(server.stop().success());
-    assert_eq!(threads, vec![own_cpus.clone(); 2], "memory storage");
+    pinned(&threads);
+
+    let server = ServerProcess::start(&["--workers", "2", "--pin-workers", "false"]);
+    let (_, threads) = conn_thread_cpus(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(
+        threads,
+        vec![own_cpus.clone(); 2],
+        "memory storage, told not to"
+    );
 
     let dir = temp_dir("unpinned");
     let server = ServerProcess::start_disk(
