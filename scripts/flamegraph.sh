@@ -68,8 +68,9 @@ seen=()
 pid=""
 for _ in $(seq 1 3000); do
   for p in $(pgrep -f -- "$match" || true); do
-    # Not this script or one of its subshells, whose command lines hold the pattern too.
-    case "$(cat /proc/"$p"/comm 2>/dev/null)" in bash | sh | "") continue ;; esac
+    # Only the benchmark's own children: the command lines of this script, its subshells and
+    # whatever runs it (`timeout`, `nohup`) hold the pattern too.
+    [ "$(ps -o ppid= -p "$p" 2>/dev/null | tr -d ' ')" = "$bench" ] || continue
     new=1
     for s in "${seen[@]}"; do [ "$s" = "$p" ] && new=0; done
     [ $new -eq 1 ] && seen+=("$p")
