@@ -62,8 +62,13 @@ pub struct ServerConfig {
     /// is written and applied on a thread of its own besides these.
     pub workers: Option<usize>,
     /// Pins each connection thread to a CPU of its own (when there are no more of them than
-    /// CPUs the process may use); `None` pins them (see [`ServerConfig::pins_workers`]).
-    pub pin_workers: Option<bool>,
+    /// CPUs the process may use); on unless told otherwise, whatever the storage. Unpinned, a
+    /// scheduler that packs runnable threads onto few CPUs runs both connection threads on one
+    /// CPU at times, each waiting out the other's time slice (GET at 64 clients: a p99 of 4.3
+    /// ms instead of 1.5 ms in about half the runs), and with disk storage it leaves the CPU
+    /// of the log's thread idle while the connection threads queue on the other. Rounds 17 and
+    /// 23 of `docs/bench/changes.md` measure both ways.
+    pub pin_workers: bool,
 }
 
 impl Default for ServerConfig {
@@ -76,20 +81,8 @@ impl Default for ServerConfig {
             state_store: StateStoreConfig::default(),
             persist_interval_ms: 1000,
             workers: None,
-            pin_workers: None,
+            pin_workers: true,
         }
-    }
-}
-
-impl ServerConfig {
-    /// Whether the connection threads are pinned: unless told otherwise, yes, whatever the
-    /// storage. Unpinned, a scheduler that packs runnable threads onto few CPUs runs both
-    /// connection threads on one CPU at times, each waiting out the other's time slice (GET at
-    /// 64 clients: a p99 of 4.3 ms instead of 1.5 ms in about half the runs), and with disk
-    /// storage it leaves the CPU of the log's thread idle while the connection threads queue
-    /// on the other. Rounds 17 and 23 of `docs/bench/changes.md` measure both ways.
-    pub fn pins_workers(&self) -> bool {
-        self.pin_workers.unwrap_or(true)
     }
 }
 
@@ -159,26 +152,15 @@ mod tests {
             "on unless told otherwise"
         );
         assert_eq!(c.workers, Some(3));
-        assert_eq!(c.pin_workers, Some(false));
-        assert!(!c.pins_workers(), "memory storage, told not to pin");
+        assert!(!c.pin_workers, "memory storage, told not to pin");
         let disk = ServerConfig::default();
+        assert_eq!(disk.storage, StorageKind::Disk);
+        assert!(disk.pin_workers, "disk storage pins unless told otherwise");
+        let memory: ServerConfig = toml::from_str(r#"storage = "memory""#).expect("valid");
         assert!(
-            disk.pins_workers(),
-            "disk storage pins unless told otherwise"
-        );
-        let memory = ServerConfig {
-            storage: StorageKind::Memory,
-            ..ServerConfig::default()
-        };
-        assert!(
-            memory.pins_workers(),
+            memory.pin_workers,
             "memory storage pins unless told otherwise"
         );
-        let told = ServerConfig {
-            pin_workers: Some(false),
-            ..disk
-        };
-        assert!(!told.pins_workers(), "disk storage, told not to pin");
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl Server {
     pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
         let mut broker_config = config.broker.clone();
         broker_config.connection_threads = config.workers.unwrap_or(0);
-        broker_config.pin_connection_threads = config.pins_workers();
+        broker_config.pin_connection_threads = config.pin_workers;
         let broker = Broker::new(broker_config).map_err(StartError::Threads)?;
         let saver = match config.storage {
             StorageKind::Memory => None,

@@ -164,7 +164,7 @@ impl ServeArgs {
             c.workers = Some(v);
         }
         if let Some(v) = self.pin_workers {
-            c.pin_workers = Some(v);
+            c.pin_workers = v;
         }
         if let Some(v) = self.co_locate {
             c.broker.co_locate = v;
