@@ -5,7 +5,8 @@
 #
 # Options:
 #   --out FILE.svg   where the flame graph goes (default bench-results/flamegraph.svg; the
-#                    folded stacks are written beside it as FILE.folded)
+#                    folded stacks are written beside it as FILE.folded, and where each
+#                    thread's samples go (scripts/folded-summary.py) as FILE.summary.txt)
 #   --match REGEX    the process to profile, as `pgrep -f` matches its command line
 #                    (default: the durable mqkv server, 'mqkv serve.*--storage disk')
 #   --nth N          profile the N-th distinct process that matches (default 1); Redis renames
@@ -105,3 +106,4 @@ perf script -i "$work/perf.data" 2>/dev/null | inferno-collapse-perf --all >"${o
 # Frames narrower than a pixel are left out: the graph stays a few hundred kilobytes.
 inferno-flamegraph --minwidth 1 --title "$(basename "${out%.svg}")" <"${out%.svg}.folded" >"$out"
 echo "wrote $out and ${out%.svg}.folded ($(wc -l <"${out%.svg}.folded") distinct stacks)"
+python3 scripts/folded-summary.py "${out%.svg}.folded" | tee "${out%.svg}.summary.txt"
