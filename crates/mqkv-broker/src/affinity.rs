@@ -31,15 +31,22 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 }
 
 /// Restricts the calling thread to `cpu`.
-#[cfg(target_os = "linux")]
 pub(crate) fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    set_current_thread_cpus(&[cpu])
+}
+
+/// Lets the calling thread run on `cpus` (and nowhere else).
+#[cfg(target_os = "linux")]
+pub(crate) fn set_current_thread_cpus(cpus: &[usize]) -> std::io::Result<()> {
     let size = usize::try_from(libc::CPU_SETSIZE).unwrap_or(0);
-    if cpu >= size {
+    if cpus.is_empty() || cpus.iter().any(|&cpu| cpu >= size) {
         return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
     }
-    // SAFETY: as in `allowed_cpus`; `cpu` was checked against the set's size.
+    // SAFETY: as in `allowed_cpus`; every cpu was checked against the set's size.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for &cpu in cpus {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     if rc == 0 {
         Ok(())
@@ -49,7 +56,7 @@ pub(crate) fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
 }
 
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn pin_current_thread(_cpu: usize) -> std::io::Result<()> {
+pub(crate) fn set_current_thread_cpus(_cpus: &[usize]) -> std::io::Result<()> {
     Err(std::io::Error::from(std::io::ErrorKind::Unsupported))
 }
 
@@ -101,5 +108,23 @@ mod tests {
         // Other threads keep their CPUs.
         assert_eq!(allowed_cpus(), cpus);
         assert!(pin_current_thread(usize::MAX).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_pinned_thread_can_be_given_back_every_cpu() {
+        let cpus = allowed_cpus();
+        let first = *cpus.first().expect("some cpu");
+        let seen = std::thread::spawn(move || {
+            pin_current_thread(first).expect("pin");
+            let pinned = allowed_cpus();
+            set_current_thread_cpus(&cpus).expect("unpin");
+            (pinned, allowed_cpus())
+        })
+        .join()
+        .expect("thread");
+        assert_eq!(seen.0, vec![first]);
+        assert_eq!(seen.1, allowed_cpus());
+        assert!(set_current_thread_cpus(&[]).is_err());
     }
 }

@@ -235,6 +235,19 @@ impl Broker {
         self.inner.import_state(state)
     }
 
+    /// Whether the connection threads are pinned one to each CPU the process may use, so that
+    /// another busy thread of the process would share a CPU with one of them.
+    pub fn connection_threads_on_every_cpu(&self) -> bool {
+        self.inner.threads.on_every_cpu()
+    }
+
+    /// Lends the last connection thread out for other work to run on beside its connections
+    /// (`None` once lent, or after [`Broker::shutdown`]). [`Broker::shutdown`] does not stop a
+    /// lent thread; dropping the [`LentThread`] does.
+    pub fn lend_connection_thread(&self) -> Option<crate::LentThread> {
+        self.inner.threads.lend_last()
+    }
+
     /// Number of connected clients.
     pub fn connection_count(&self) -> usize {
         self.inner.live_connections.load(Ordering::Relaxed)

@@ -24,3 +24,4 @@ pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
 pub use service::{
     ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };
+pub use threads::LentThread;

@@ -15,15 +15,20 @@
 //! share.
 //!
 //! Output queued for a connection by another thread (a publish routed on another connection's
-//! thread, a notification from the state store's log thread) reaches it through its thread's
+//! thread, a notification from the state store's raft thread) reaches it through its thread's
 //! outbox: whatever is posted together costs that thread one wake-up, and the writes themselves
 //! happen on the thread that owns the socket. Wake-ups of a connection's task from other threads
-//! (the answer to a state store write, from the log's thread) go through the outbox too: a
+//! (the answer to a state store write, from raft's thread) go through the outbox too: a
 //! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
 //! answers posted together costs one.
 //!
 //! With `pin_connection_threads` each thread is pinned to a CPU of its own (see
-//! [`crate::affinity`]).
+//! [`crate::affinity`]); the threads their runtimes start for blocking work may run on every CPU
+//! the process may use.
+//!
+//! One thread can be lent ([`ConnThreads::lend_last`]) for other work to run on beside its
+//! connections: the state store's raft, when the connection threads already take every CPU. A
+//! lent thread stops when the loan ends ([`LentThread`] is dropped), not with the others.
 //!
 //! The threads accept from the listening socket themselves (each on its own poller; up to four
 //! of them, see [`crate::broker::ACCEPTING_THREADS`]), so a new connection is usually served by
@@ -157,6 +162,37 @@ impl Drop for Live {
 pub(crate) struct ConnThreads {
     threads: Vec<ConnThread>,
     next: AtomicUsize,
+    /// The threads are pinned, one to each CPU the process may use.
+    on_every_cpu: bool,
+}
+
+/// A connection thread lent out (see [`ConnThreads::lend_last`]): tasks spawned through
+/// [`LentThread::handle`] run on it beside its connections. Dropping this stops the thread (its
+/// connections' tasks and the borrower's are dropped with its runtime).
+pub struct LentThread {
+    handle: tokio::runtime::Handle,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl LentThread {
+    /// The runtime of the thread.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
+    }
+}
+
+impl std::fmt::Debug for LentThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LentThread").finish_non_exhaustive()
+    }
+}
+
+impl Drop for LentThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
 }
 
 impl ConnThreads {
@@ -164,8 +200,12 @@ impl ConnThreads {
     /// [`affinity::plan`]).
     pub(crate) fn start(n: usize, pin: bool) -> std::io::Result<ConnThreads> {
         let n = n.max(1);
+        let allowed = if pin {
+            affinity::allowed_cpus()
+        } else {
+            Vec::new()
+        };
         let cpus = if pin {
-            let allowed = affinity::allowed_cpus();
             let plan = affinity::plan(n, &allowed);
             match &plan {
                 Some(cpus) => tracing::debug!(?cpus, "connection threads pinned"),
@@ -179,15 +219,27 @@ impl ConnThreads {
         } else {
             None
         };
+        let on_every_cpu = cpus.as_ref().is_some_and(|c| c.len() == allowed.len());
         let mut threads = Vec::with_capacity(n);
         // Each thread reports once it is pinned, so the threads run where they should before
         // the first connection reaches them.
         let (started_tx, started) = std::sync::mpsc::channel::<()>();
         for index in 0..n {
             let cpu = cpus.as_ref().and_then(|c| c.get(index).copied());
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            builder.enable_all();
+            if cpu.is_some() {
+                // Threads inherit the CPUs of the thread that starts them: the runtime's threads
+                // for blocking work (snapshots of a state store whose raft runs here, say) get
+                // every CPU back.
+                let allowed = allowed.clone();
+                builder.on_thread_start(move || {
+                    if let Err(e) = affinity::set_current_thread_cpus(&allowed) {
+                        tracing::debug!(error = %e, "a blocking thread keeps its CPU");
+                    }
+                });
+            }
+            let runtime = builder.build()?;
             let handle = runtime.handle().clone();
             let outbox = Arc::new(Outbox::default());
             let (stop, stopped) = oneshot::channel::<()>();
@@ -227,6 +279,24 @@ impl ConnThreads {
         Ok(ConnThreads {
             threads,
             next: AtomicUsize::new(0),
+            on_every_cpu,
+        })
+    }
+
+    /// Whether the threads are pinned, one on each CPU the process may use: no CPU is left
+    /// for another busy thread of the process.
+    pub(crate) fn on_every_cpu(&self) -> bool {
+        self.on_every_cpu
+    }
+
+    /// Lends the last thread out, unless it was lent (or stopped) already: it keeps serving its
+    /// connections, and from now on stops only when the loan ends, not with [`Self::stop`].
+    pub(crate) fn lend_last(&self) -> Option<LentThread> {
+        let thread = self.threads.last()?;
+        let stop = thread.stop.lock().take()?;
+        Some(LentThread {
+            handle: thread.handle.clone(),
+            stop: Some(stop),
         })
     }
 
@@ -489,6 +559,79 @@ mod tests {
         let more = allowed.len() + 1;
         let crowded = ConnThreads::start(more, true).expect("threads");
         assert_eq!(cpus_of(&crowded), vec![allowed; more]);
+    }
+
+    #[test]
+    fn blocking_threads_of_a_pinned_thread_may_run_on_every_cpu() {
+        let allowed = affinity::allowed_cpus();
+        let threads = ConnThreads::start(allowed.len().min(2), true).expect("threads");
+        let (tx, rx) = mpsc::channel();
+        threads.spawn_on(0, async move {
+            let blocking = tokio::task::spawn_blocking(affinity::allowed_cpus).await;
+            let _ = tx.send((affinity::allowed_cpus(), blocking.ok()));
+        });
+        let (own, blocking) = rx.recv_timeout(Duration::from_secs(5)).expect("reported");
+        if cfg!(target_os = "linux") && allowed.len() > 1 {
+            assert_eq!(own, vec![allowed[0]], "the connection thread is pinned");
+        }
+        assert_eq!(blocking, Some(allowed), "its blocking threads are not");
+    }
+
+    #[test]
+    fn pinned_threads_on_every_cpu_are_told_apart_from_fewer() {
+        let allowed = affinity::allowed_cpus();
+        let all = ConnThreads::start(allowed.len(), true).expect("threads");
+        let unpinned = ConnThreads::start(allowed.len(), false).expect("threads");
+        assert!(!unpinned.on_every_cpu());
+        if cfg!(target_os = "linux") && allowed.len() > 1 {
+            assert!(all.on_every_cpu());
+            let fewer = ConnThreads::start(allowed.len() - 1, true).expect("threads");
+            assert!(!fewer.on_every_cpu());
+        } else {
+            assert!(!all.on_every_cpu(), "one CPU: nothing is pinned");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lent_thread_outlives_the_others_until_the_loan_ends() {
+        let threads = ConnThreads::start(2, false).expect("threads");
+        let lent = threads.lend_last().expect("lent");
+        assert!(threads.lend_last().is_none(), "lent once only");
+        // Work spawned through the loan runs on the lent connection thread.
+        let home = lent.handle().spawn(async { current_home() }).await;
+        assert_eq!(home.ok(), Some(2));
+        // Stopping the broker's threads leaves it running...
+        let stopped_other = Arc::new(AtomicBool::new(false));
+        let stopped_lent = Arc::new(AtomicBool::new(false));
+        let guard = SetOnDrop(stopped_other.clone());
+        threads.spawn_on(0, async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        let guard = SetOnDrop(stopped_lent.clone());
+        lent.handle().spawn(async move {
+            let _guard = guard;
+            std::future::pending::<()>().await;
+        });
+        threads.stop();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !stopped_other.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(stopped_other.load(Ordering::SeqCst), "thread 0 stopped");
+        let still = lent.handle().spawn(async { current_home() }).await;
+        assert_eq!(still.ok(), Some(2), "the lent thread still runs tasks");
+        assert!(!stopped_lent.load(Ordering::SeqCst));
+        // ...and ending the loan stops it.
+        drop(lent);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !stopped_lent.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            stopped_lent.load(Ordering::SeqCst),
+            "the lent thread stopped"
+        );
     }
 
     /// Pending until `woken` is set; registers the waker `home_waker` makes.
