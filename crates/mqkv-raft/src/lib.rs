@@ -9,7 +9,7 @@
 //! ```text
 //! write(entry) ─► proposer ─► raft core ─► log store ─► raft-log/*.seg (write + fdatasync)
 //!   (queued writes become one proposal)                                 │ flushed
-//!                      all on the raft thread                           ▼
+//!    all on the raft thread (its own, or one lent to it)                ▼
 //!                                 raft commits ─► state machine apply ─► on_apply hook
 //!                                                      │
 //!                        every N entries: snapshot ─► state.redb (fsync), then purge the log
@@ -81,7 +81,7 @@
 //! | `state_machine` | a snapshot never holds part of a log entry; replay skips the hook |
 //! | `node` | a handle is given out only after recovery is complete |
 //! | `network` | the only place that will talk to other nodes |
-//! | `runtime` | raft's tasks never queue behind client connections |
+//! | `runtime` | raft's tasks never queue behind connections other than those of a thread it is lent |
 
 mod error;
 mod files;
@@ -107,6 +107,7 @@ pub use files::FORMAT_VERSION;
 pub use log_file::replay_segment;
 pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
+pub use runtime::SharedThread;
 pub use state_machine::{set_after_snapshot, ApplyHook};
 pub use stats::StoreStats;
 pub use types::{NodeId, DEFAULT_NODE_ID};

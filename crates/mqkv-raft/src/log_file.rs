@@ -44,6 +44,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
@@ -139,7 +140,7 @@ impl Loaded {
 struct Segment {
     seq: u64,
     path: PathBuf,
-    file: File,
+    file: Arc<File>,
     len: u64,
     /// Bytes of the file written (with zeros) ahead of `len`: appending
     /// into them changes no file metadata, so each sync is a data flush
@@ -318,7 +319,7 @@ fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> i
     Ok(Segment {
         seq,
         path,
-        file,
+        file: Arc::new(file),
         len,
         allocated: len,
         last_index,
@@ -425,7 +426,7 @@ pub(crate) fn open(
         segments.push(Segment {
             seq,
             path,
-            file,
+            file: Arc::new(file),
             len: valid_len,
             allocated: bytes.len() as u64,
             last_index,
@@ -852,6 +853,11 @@ impl Segments {
         self.segments
             .last()
             .ok_or_else(|| io::Error::other("the log has no segment"))
+    }
+
+    /// The newest segment's file.
+    pub(crate) fn current_file(&mut self) -> io::Result<Arc<File>> {
+        Ok(self.current_mut()?.file.clone())
     }
 
     fn current_mut(&mut self) -> io::Result<&mut Segment> {

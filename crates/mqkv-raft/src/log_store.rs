@@ -5,7 +5,11 @@
 //! the call returns — an append's `LogFlushed` callback is called at the
 //! end of `append` itself. These calls run on the raft thread (see
 //! `runtime`), which has nothing else to do while its one proposal is being
-//! synced, so doing the I/O in place costs no thread hand-off.
+//! synced, so doing the I/O in place costs no thread hand-off. On a thread
+//! lent to raft, which serves connections too, an append's sync goes to a
+//! sync thread instead (started by the raft thread, so it may run where
+//! that thread may) and `append` awaits it, the lock on the log released:
+//! the connections are served meanwhile.
 //!
 //! Recent entries are kept decoded in memory (the state machine applies
 //! them right after they are written); older ones are read back from their
@@ -21,10 +25,14 @@
 
 use std::collections::VecDeque;
 use std::fmt::Debug;
+use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
+
+use tokio::sync::oneshot;
 
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{
@@ -106,6 +114,15 @@ impl Log {
     /// Forgets decoded entries beyond the cache budget, oldest first, but
     /// never the newest (however large, it is about to be applied). A
     /// memory store has nowhere else to read them from and keeps them all.
+    /// The newest segment's file, for a sync elsewhere; `None` for a
+    /// memory store.
+    fn current_file(&mut self) -> io::Result<Option<Arc<File>>> {
+        match self.segments()? {
+            Some(segments) => segments.current_file().map(Some),
+            None => Ok(None),
+        }
+    }
+
     fn trim_cache(&mut self) {
         if self.memory {
             return;
@@ -123,7 +140,14 @@ impl Log {
         }
     }
 
-    fn append(&mut self, entries: Vec<RaftEntry>, counters: &Counters) -> io::Result<()> {
+    /// Writes `entries`, and syncs them if `sync` (the caller syncs
+    /// otherwise, before acknowledging them).
+    fn append(
+        &mut self,
+        entries: Vec<RaftEntry>,
+        counters: &Counters,
+        sync: bool,
+    ) -> io::Result<()> {
         let mut slots = Vec::with_capacity(entries.len());
         let mut bytes = 0;
         let (vote, committed, last_purged) = (self.vote, self.committed, self.last_purged);
@@ -151,7 +175,7 @@ impl Log {
                         entry: Some(entry),
                     });
                 }
-                self.write(None, true)?;
+                self.write(None, sync)?;
             }
             None => {
                 for entry in entries {
@@ -272,11 +296,55 @@ pub(crate) struct LogShared {
     log: Mutex<Log>,
     counters: Arc<Counters>,
     path: PathBuf,
+    /// Appends are synced on the sync thread (see the module's notes).
+    sync_elsewhere: AtomicBool,
+    /// The sync thread, once started; `None` if it could not be.
+    sync_thread: OnceLock<Option<mpsc::Sender<SyncJob>>>,
 }
+
+/// A file to sync, and where to say how it went.
+type SyncJob = (Arc<File>, oneshot::Sender<io::Result<()>>);
 
 impl LogShared {
     fn lock(&self) -> MutexGuard<'_, Log> {
         sync::lock(&self.log)
+    }
+
+    /// From now on, appends are synced on a thread of their own.
+    pub(crate) fn sync_on_a_thread_of_its_own(&self) {
+        self.sync_elsewhere.store(true, Ordering::Relaxed);
+    }
+
+    /// Syncs `file` on the sync thread, started on first use by the
+    /// calling thread (whose CPUs it inherits); in place if there is none.
+    async fn sync_on_sync_thread(&self, file: Arc<File>) -> io::Result<()> {
+        let thread = self.sync_thread.get_or_init(|| {
+            let (jobs, queue) = mpsc::channel::<SyncJob>();
+            let started = std::thread::Builder::new()
+                .name("mqkv-sync".into())
+                .spawn(move || {
+                    for (file, done) in queue {
+                        let _ = done.send(file.sync_data());
+                    }
+                });
+            match started {
+                Ok(_) => Some(jobs),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no sync thread: the log syncs on raft's thread");
+                    None
+                }
+            }
+        });
+        let Some(jobs) = thread else {
+            return file.sync_data();
+        };
+        let (done, synced) = oneshot::channel();
+        match jobs.send((file, done)) {
+            Ok(()) => synced
+                .await
+                .unwrap_or_else(|_| Err(io::Error::other("the sync thread dropped a sync"))),
+            Err(mpsc::SendError((file, _))) => file.sync_data(),
+        }
     }
 
     /// Index of the newest entry, or of the last purged one if none is left.
@@ -362,6 +430,8 @@ impl LogStore {
                 log: Mutex::new(log),
                 counters,
                 path,
+                sync_elsewhere: AtomicBool::new(false),
+                sync_thread: OnceLock::new(),
             }),
         }
     }
@@ -439,7 +509,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
-        let result = self.shared.lock().append(entries, &self.shared.counters);
+        let elsewhere = self.shared.sync_elsewhere.load(Ordering::Relaxed);
+        let written = {
+            let mut log = self.shared.lock();
+            log.append(entries, &self.shared.counters, !elsewhere)
+                .and_then(|()| match elsewhere {
+                    true => log.current_file(),
+                    false => Ok(None),
+                })
+        };
+        let result = match written {
+            Ok(Some(file)) => self.shared.sync_on_sync_thread(file).await,
+            Ok(None) => Ok(()),
+            Err(e) => Err(e),
+        };
         match result {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));

@@ -19,7 +19,7 @@ use crate::files::{self, corrupt, io_error, read_meta, FileKind, Location};
 use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
 use crate::proposer::Proposer;
-use crate::runtime::RaftThread;
+use crate::runtime::{RaftThread, SharedThread};
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
 use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
@@ -61,6 +61,9 @@ pub struct NodeOptions {
     /// between the pieces. Serialized whole, a million keys would hold
     /// writes up for a large fraction of a second.
     pub piecewise_snapshot_keys: usize,
+    /// Run raft on this thread instead of one of its own (see
+    /// [`SharedThread`]); the log's syncs then go to a thread of their own.
+    pub thread: Option<SharedThread>,
 }
 
 impl Default for NodeOptions {
@@ -74,6 +77,18 @@ impl Default for NodeOptions {
             log_segment_bytes: 64 << 20,
             ready_timeout: Duration::from_secs(30),
             piecewise_snapshot_keys: 10_000,
+            thread: None,
+        }
+    }
+}
+
+impl NodeOptions {
+    /// The defaults of a memory store (see [`StoreNode::open_memory`]).
+    pub fn memory() -> NodeOptions {
+        NodeOptions {
+            snapshot_every: 1_000,
+            logs_kept_after_snapshot: 0,
+            ..NodeOptions::default()
         }
     }
 }
@@ -144,12 +159,7 @@ impl StoreNode {
         config: StoreConfig,
         on_apply: ApplyHook,
     ) -> Result<StoreNode, OpenError> {
-        let options = NodeOptions {
-            snapshot_every: 1_000,
-            logs_kept_after_snapshot: 0,
-            ..NodeOptions::default()
-        };
-        Self::open_memory_with(config, on_apply, options).await
+        Self::open_memory_with(config, on_apply, NodeOptions::memory()).await
     }
 
     /// [`Self::open_memory`] with explicit options.
@@ -270,7 +280,10 @@ async fn open(
         log_path,
     } = recovered;
     let log_shared = log.shared();
-    let thread = match RaftThread::start() {
+    if options.thread.is_some() {
+        log_shared.sync_on_a_thread_of_its_own();
+    }
+    let thread = match RaftThread::start(options.thread.clone()) {
         Ok(thread) => thread,
         Err(e) => {
             let _ = log_shared.close().await;

@@ -306,6 +306,114 @@ async fn restart_loads_the_snapshot_and_replays_after_it() {
     restart_preserves_state(small_snapshots(), 57).await;
 }
 
+/// A thread lent to raft as the broker lends a connection thread: a
+/// current-thread runtime on a thread named `lent`, which ends once the
+/// loan is dropped (the flag tells when it has).
+fn lent_thread() -> (crate::SharedThread, Arc<std::sync::atomic::AtomicBool>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let handle = runtime.handle().clone();
+    let (loan, ended) = tokio::sync::oneshot::channel::<()>();
+    let gone = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = gone.clone();
+    std::thread::Builder::new()
+        .name("lent".into())
+        .spawn(move || {
+            let _ = runtime.block_on(ended);
+            drop(runtime);
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap();
+    (crate::SharedThread::new(handle, loan), gone)
+}
+
+/// Names of the process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_on_a_lent_thread_replays_the_log_and_loads_the_snapshot() {
+    let (thread, _) = lent_thread();
+    let lent = |options: NodeOptions| NodeOptions {
+        thread: Some(thread.clone()),
+        ..options
+    };
+    restart_preserves_state(lent(NodeOptions::default()), 5).await;
+    restart_preserves_state(lent(small_snapshots()), 57).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_with_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let (thread, gone) = lent_thread();
+    let applied_on = Arc::new(Mutex::new(Vec::new()));
+    let seen = applied_on.clone();
+    let hook: ApplyHook = Arc::new(move |_: &Entry, _: &Applied| {
+        let name = std::thread::current().name().map(str::to_string);
+        seen.lock().unwrap().push(name);
+    });
+    let options = NodeOptions {
+        thread: Some(thread),
+        ..NodeOptions::default()
+    };
+    let node = StoreNode::open_disk_with(dir.path(), config(), hook, options)
+        .await
+        .expect("open store");
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let node = node.clone();
+        writes.spawn(async move { node.write(set(T0 + i, &format!("k{i}"), "v")).await });
+    }
+    while let Some(applied) = writes.join_next().await {
+        assert!(matches!(applied, Ok(Ok(_))), "{applied:?}");
+    }
+    let applied_on = applied_on.lock().unwrap().clone();
+    assert_eq!(applied_on.len(), 20);
+    assert!(
+        applied_on
+            .iter()
+            .all(|name| name.as_deref() == Some("lent")),
+        "raft ran on the lent thread: {applied_on:?}"
+    );
+    if cfg!(target_os = "linux") {
+        let names = thread_names();
+        assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
+    }
+    assert!(!gone.load(std::sync::atomic::Ordering::SeqCst));
+    assert!(node.stats().log_commits > 0);
+    node.shutdown().await.unwrap();
+    for _ in 0..500 {
+        if gone.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        gone.load(std::sync::atomic::Ordering::SeqCst),
+        "the lent thread ended once the store shut down"
+    );
+    // Everything written is there after a restart on a thread of its own.
+    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    for i in 0..20 {
+        let key = format!("k{i}");
+        assert!(
+            node.read(|m| m.get(key.as_bytes(), T0 + 100).is_some()),
+            "{key} survived"
+        );
+    }
+    node.shutdown().await.unwrap();
+}
+
 /// Entries the closed store in `dir` has in its log.
 fn count_log_rows(dir: &Path) -> u64 {
     let (_, loaded) = crate::log_file::open(dir, 64 << 20).unwrap().unwrap();
