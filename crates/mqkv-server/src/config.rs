@@ -17,6 +17,21 @@ pub enum StorageKind {
     Disk,
 }
 
+/// Which thread the state store's raft (its log and state machine) runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RaftThread {
+    /// `shared` when the connection threads are pinned one to every CPU the process may use
+    /// (so a thread of raft's own would have no CPU to itself), `own` otherwise.
+    #[default]
+    Auto,
+    /// A thread of its own.
+    Own,
+    /// The last connection thread, beside its connections; the log's syncs run on a thread of
+    /// their own.
+    Shared,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StateStoreConfig {
@@ -59,7 +74,7 @@ pub struct ServerConfig {
     /// milliseconds; the most a crash can lose of it.
     pub persist_interval_ms: u64,
     /// Threads serving client connections; `None` is one per core. The state store's log
-    /// is written and applied on a thread of its own besides these.
+    /// is written and applied on one of them or on a thread of its own (see `raft_thread`).
     pub workers: Option<usize>,
     /// Pins each connection thread to a CPU of its own (when there are no more of them than
     /// CPUs the process may use); on unless told otherwise, whatever the storage. Unpinned, a
@@ -69,6 +84,11 @@ pub struct ServerConfig {
     /// of the log's thread idle while the connection threads queue on the other. Rounds 17 and
     /// 23 of `docs/bench/changes.md` measure both ways.
     pub pin_workers: bool,
+    /// Where the state store's raft runs (see [`RaftThread`]). Sharing a connection thread
+    /// saves the thread hand-offs of every write for that thread's half of the clients, and
+    /// with disk storage keeps serving them while the disk syncs: durable SET at 64 clients on
+    /// two CPUs, round 25 of `docs/bench/changes.md`.
+    pub raft_thread: RaftThread,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +102,7 @@ impl Default for ServerConfig {
             persist_interval_ms: 1000,
             workers: None,
             pin_workers: true,
+            raft_thread: RaftThread::Auto,
         }
     }
 }
@@ -125,6 +146,7 @@ mod tests {
             storage = "memory"
             workers = 3
             pin_workers = false
+            raft_thread = "shared"
             [broker]
             max_packet_size = 1024
             max_queued_messages = 5
@@ -153,6 +175,14 @@ mod tests {
         );
         assert_eq!(c.workers, Some(3));
         assert!(!c.pin_workers, "memory storage, told not to pin");
+        assert_eq!(c.raft_thread, RaftThread::Shared);
+        assert_eq!(ServerConfig::default().raft_thread, RaftThread::Auto);
+        for (text, kind) in [("own", RaftThread::Own), ("auto", RaftThread::Auto)] {
+            let c: ServerConfig =
+                toml::from_str(&format!("raft_thread = \"{text}\"")).expect("valid");
+            assert_eq!(c.raft_thread, kind);
+        }
+        assert!(toml::from_str::<ServerConfig>(r#"raft_thread = "sometimes""#).is_err());
         let disk = ServerConfig::default();
         assert_eq!(disk.storage, StorageKind::Disk);
         assert!(disk.pin_workers, "disk storage pins unless told otherwise");

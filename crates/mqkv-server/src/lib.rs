@@ -10,7 +10,7 @@ use std::time::Duration;
 use mqkv_broker::Broker;
 use mqkv_raft::StoreNode;
 
-pub use config::{ServerConfig, StorageKind};
+pub use config::{RaftThread, ServerConfig, StorageKind};
 pub use mqkv_raft::set_after_snapshot;
 
 /// A started server.
@@ -70,11 +70,27 @@ impl Server {
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
         let notifier = statestore::Notifier::new(&broker);
+        let share = match config.raft_thread {
+            RaftThread::Own => false,
+            RaftThread::Shared => true,
+            RaftThread::Auto => broker.connection_threads_on_every_cpu(),
+        };
+        let thread = share
+            .then(|| broker.lend_connection_thread())
+            .flatten()
+            .map(|lent| mqkv_raft::SharedThread::new(lent.handle().clone(), lent));
         let node = match config.storage {
-            StorageKind::Memory => StoreNode::open_memory(store_config, notifier.hook()).await?,
+            StorageKind::Memory => {
+                let options = mqkv_raft::NodeOptions {
+                    thread,
+                    ..mqkv_raft::NodeOptions::memory()
+                };
+                StoreNode::open_memory_with(store_config, notifier.hook(), options).await?
+            }
             StorageKind::Disk => {
                 let options = mqkv_raft::NodeOptions {
                     snapshot_log_bytes: store.snapshot_log_bytes,
+                    thread,
                     ..mqkv_raft::NodeOptions::default()
                 };
                 StoreNode::open_disk_with(&config.data_dir, store_config, notifier.hook(), options)

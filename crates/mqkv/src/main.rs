@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use mqkv_broker::QueueFullPolicy;
-use mqkv_server::{Server, ServerConfig, StorageKind};
+use mqkv_server::{RaftThread, Server, ServerConfig, StorageKind};
 
 #[derive(Parser)]
 #[command(
@@ -91,6 +91,10 @@ struct ServeArgs {
     /// more threads than CPUs, or only one).
     #[arg(long, value_name = "BOOL")]
     pin_workers: Option<bool>,
+    /// Thread of the state store's raft: `auto` (default: a connection thread's when they are
+    /// pinned one to every CPU, else its own), `own`, or `shared`.
+    #[arg(long, value_parser = parse_raft_thread, value_name = "auto|own|shared")]
+    raft_thread: Option<RaftThread>,
     /// Move a connection to the connection thread whose publishers send it (nearly) all its
     /// messages (default: true).
     #[arg(long, value_name = "BOOL")]
@@ -103,6 +107,17 @@ fn parse_storage(s: &str) -> Result<StorageKind, String> {
         "disk" => Ok(StorageKind::Disk),
         other => Err(format!(
             "unknown storage '{other}' (expected: disk, memory)"
+        )),
+    }
+}
+
+fn parse_raft_thread(s: &str) -> Result<RaftThread, String> {
+    match s {
+        "auto" => Ok(RaftThread::Auto),
+        "own" => Ok(RaftThread::Own),
+        "shared" => Ok(RaftThread::Shared),
+        other => Err(format!(
+            "unknown raft thread '{other}' (expected: auto, own, shared)"
         )),
     }
 }
@@ -165,6 +180,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.pin_workers {
             c.pin_workers = v;
+        }
+        if let Some(v) = self.raft_thread {
+            c.raft_thread = v;
         }
         if let Some(v) = self.co_locate {
             c.broker.co_locate = v;

@@ -299,3 +299,74 @@ fn connection_threads_are_pinned_unless_told_not_to() {
     let err = serve_refused(&["--listen", "127.0.0.1:0", "--pin-workers", "maybe"]);
     assert!(err.contains("--pin-workers"), "names the flag: {err}");
 }
+
+/// Names of the server's threads, after one write (the log's sync thread starts with the first
+/// append on a lent thread).
+#[cfg(target_os = "linux")]
+fn thread_names_after_a_write(server: &ServerProcess) -> Vec<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
+        .args(["set", "--port", &server.port.to_string(), "k", "v"])
+        .output()
+        .expect("mqkv set");
+    assert!(out.status.success(), "{out:?}");
+    std::fs::read_dir(format!("/proc/{}/task", server.pid()))
+        .expect("tasks")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let has = |names: &[String], name: &str| names.iter().any(|n| n == name);
+    let own = |names: &[String], why: &str| {
+        assert!(has(names, "mqkv-raft"), "{why}: {names:?}");
+        assert!(!has(names, "mqkv-sync"), "{why}: {names:?}");
+    };
+    let shared = |names: &[String], why: &str| {
+        assert!(!has(names, "mqkv-raft"), "{why}: {names:?}");
+        assert!(has(names, "mqkv-sync"), "{why}: {names:?}");
+    };
+
+    // The default: one pinned connection thread per CPU, so raft shares the last one.
+    let dir = temp_dir("raft-auto");
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
+    let names = thread_names_after_a_write(&server);
+    assert!(server.stop().success());
+    if cpus > 1 {
+        shared(&names, "pinned on every CPU");
+    } else {
+        own(&names, "one CPU: nothing is pinned");
+    }
+    // What was written there is read back by a server whose raft has a thread of its own.
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--raft-thread", "own"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mqkv"))
+        .args(["get", "--port", &server.port.to_string(), "k"])
+        .output()
+        .expect("mqkv get");
+    let names = thread_names_after_a_write(&server);
+    assert!(server.stop().success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v");
+    own(&names, "told to");
+
+    // Unpinned threads leave the CPUs to the scheduler: raft keeps a thread of its own...
+    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--pin-workers", "false"]);
+    let names = thread_names_after_a_write(&server);
+    assert!(server.stop().success());
+    own(&names, "unpinned");
+    // ...unless told to share.
+    let server = ServerProcess::start_disk(
+        &dir,
+        "127.0.0.1:0",
+        &["--pin-workers", "false", "--raft-thread", "shared"],
+    );
+    let names = thread_names_after_a_write(&server);
+    assert!(server.stop().success());
+    shared(&names, "told to");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let err = serve_refused(&["--listen", "127.0.0.1:0", "--raft-thread", "sometimes"]);
+    assert!(err.contains("--raft-thread"), "names the flag: {err}");
+}
