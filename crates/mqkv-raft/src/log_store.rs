@@ -111,9 +111,6 @@ impl Log {
         Ok(())
     }
 
-    /// Forgets decoded entries beyond the cache budget, oldest first, but
-    /// never the newest (however large, it is about to be applied). A
-    /// memory store has nowhere else to read them from and keeps them all.
     /// The newest segment's file, for a sync elsewhere; `None` for a
     /// memory store.
     fn current_file(&mut self) -> io::Result<Option<Arc<File>>> {
@@ -123,6 +120,9 @@ impl Log {
         }
     }
 
+    /// Forgets decoded entries beyond the cache budget, oldest first, but
+    /// never the newest (however large, it is about to be applied). A
+    /// memory store has nowhere else to read them from and keeps them all.
     fn trim_cache(&mut self) {
         if self.memory {
             return;

@@ -27,8 +27,8 @@ pub enum RaftThread {
     Auto,
     /// A thread of its own.
     Own,
-    /// The last connection thread, beside its connections; the log's syncs run on a thread of
-    /// their own.
+    /// The last connection thread, beside its connections; with disk storage the log's syncs
+    /// run on a thread of their own.
     Shared,
 }
 
@@ -86,8 +86,8 @@ pub struct ServerConfig {
     pub pin_workers: bool,
     /// Where the state store's raft runs (see [`RaftThread`]). Sharing a connection thread
     /// saves the thread hand-offs of every write for that thread's half of the clients, and
-    /// with disk storage keeps serving them while the disk syncs: durable SET at 64 clients on
-    /// two CPUs, round 25 of `docs/bench/changes.md`.
+    /// with disk storage keeps serving them while the disk syncs (durable SET at 64 clients on
+    /// two CPUs: round 25 of `docs/bench/changes.md`).
     pub raft_thread: RaftThread,
 }
 
