@@ -29,7 +29,6 @@ use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::oneshot;
@@ -297,7 +296,7 @@ pub(crate) struct LogShared {
     counters: Arc<Counters>,
     path: PathBuf,
     /// Appends are synced on the sync thread (see the module's notes).
-    sync_elsewhere: AtomicBool,
+    sync_elsewhere: bool,
     /// The sync thread, once started; `None` if it could not be.
     sync_thread: OnceLock<Option<mpsc::Sender<SyncJob>>>,
 }
@@ -308,11 +307,6 @@ type SyncJob = (Arc<File>, oneshot::Sender<io::Result<()>>);
 impl LogShared {
     fn lock(&self) -> MutexGuard<'_, Log> {
         sync::lock(&self.log)
-    }
-
-    /// From now on, appends are synced on a thread of their own.
-    pub(crate) fn sync_on_a_thread_of_its_own(&self) {
-        self.sync_elsewhere.store(true, Ordering::Relaxed);
     }
 
     /// Syncs `file` on the sync thread, started on first use by the
@@ -381,10 +375,13 @@ pub(crate) struct LogStore {
 impl LogStore {
     /// A log over the segments opened (and replayed into `loaded`), or, with
     /// `None`, in memory only.
+    /// With `sync_elsewhere`, appends are synced on a sync thread (see the
+    /// module's notes).
     pub(crate) fn start(
         segments: Option<(Segments, Loaded)>,
         path: PathBuf,
         counters: Arc<Counters>,
+        sync_elsewhere: bool,
     ) -> LogStore {
         let memory = segments.is_none();
         let (segments, loaded) = match segments {
@@ -430,7 +427,7 @@ impl LogStore {
                 log: Mutex::new(log),
                 counters,
                 path,
-                sync_elsewhere: AtomicBool::new(false),
+                sync_elsewhere,
                 sync_thread: OnceLock::new(),
             }),
         }
@@ -509,7 +506,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
-        let elsewhere = self.shared.sync_elsewhere.load(Ordering::Relaxed);
+        let elsewhere = self.shared.sync_elsewhere;
         let written = {
             let mut log = self.shared.lock();
             log.append(entries, &self.shared.counters, !elsewhere)

@@ -280,9 +280,6 @@ async fn open(
         log_path,
     } = recovered;
     let log_shared = log.shared();
-    if options.thread.is_some() {
-        log_shared.sync_on_a_thread_of_its_own();
-    }
     let thread = match RaftThread::start(options.thread.clone()) {
         Ok(thread) => thread,
         Err(e) => {
@@ -492,7 +489,12 @@ pub(crate) fn recover(
     };
     let last_index = log.as_ref().and_then(|(_, loaded)| loaded.last_index());
     let log_path = location.log_path();
-    let log = LogStore::start(log, log_path.clone(), counters.clone());
+    let log = LogStore::start(
+        log,
+        log_path.clone(),
+        counters.clone(),
+        options.thread.is_some(),
+    );
     let shared = StateShared::new(
         state,
         SnapshotFile::new(state_file.db, state_file.path),
