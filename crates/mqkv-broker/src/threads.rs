@@ -200,12 +200,8 @@ impl ConnThreads {
     /// [`affinity::plan`]).
     pub(crate) fn start(n: usize, pin: bool) -> std::io::Result<ConnThreads> {
         let n = n.max(1);
-        let allowed = if pin {
-            affinity::allowed_cpus()
-        } else {
-            Vec::new()
-        };
-        let cpus = if pin {
+        let (allowed, cpus) = if pin {
+            let allowed = affinity::allowed_cpus();
             let plan = affinity::plan(n, &allowed);
             match &plan {
                 Some(cpus) => tracing::debug!(?cpus, "connection threads pinned"),
@@ -215,9 +211,9 @@ impl ConnThreads {
                     "connection threads not pinned"
                 ),
             }
-            plan
+            (allowed, plan)
         } else {
-            None
+            (Vec::new(), None)
         };
         let on_every_cpu = cpus.as_ref().is_some_and(|c| c.len() == allowed.len());
         let mut threads = Vec::with_capacity(n);
@@ -614,24 +610,13 @@ mod tests {
             std::future::pending::<()>().await;
         });
         threads.stop();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !stopped_other.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(stopped_other.load(Ordering::SeqCst), "thread 0 stopped");
+        assert!(set_within_5s(&stopped_other), "thread 0 stopped");
         let still = lent.handle().spawn(async { current_home() }).await;
         assert_eq!(still.ok(), Some(2), "the lent thread still runs tasks");
         assert!(!stopped_lent.load(Ordering::SeqCst));
         // ...and ending the loan stops it.
         drop(lent);
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !stopped_lent.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(
-            stopped_lent.load(Ordering::SeqCst),
-            "the lent thread stopped"
-        );
+        assert!(set_within_5s(&stopped_lent), "the lent thread stopped");
     }
 
     /// Pending until `woken` is set; registers the waker `home_waker` makes.
@@ -683,6 +668,15 @@ mod tests {
 
     struct SetOnDrop(Arc<AtomicBool>);
 
+    /// Whether `flag` is set within 5 s (it is set by another thread).
+    fn set_within_5s(flag: &AtomicBool) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !flag.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        flag.load(Ordering::SeqCst)
+    }
+
     impl Drop for SetOnDrop {
         fn drop(&mut self) {
             self.0.store(true, Ordering::SeqCst);
@@ -706,14 +700,7 @@ mod tests {
             .expect("started");
         assert!(!dropped.load(Ordering::SeqCst));
         threads.stop();
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !dropped.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert!(
-            dropped.load(Ordering::SeqCst),
-            "the connection outlived stop"
-        );
+        assert!(set_within_5s(&dropped), "the connection outlived stop");
     }
 
     /// Accepts one connection on thread `index` and places it there; returns where it is
