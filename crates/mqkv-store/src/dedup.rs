@@ -10,21 +10,33 @@
 //!   change, until its expiry (`expires_at_ms`, capped at
 //!   [`MAX_RETENTION_MS`] after it was remembered);
 //! - the table never holds more than [`CAPACITY`] answers; when full, the
-//!   answer closest to expiry is forgotten first;
+//!   oldest answer is forgotten first. A redelivery follows its original
+//!   within the client's timeout, so the newest answers are the ones worth
+//!   keeping;
+//! - answers are forgotten in the order they were remembered, expired ones
+//!   too: an expired answer behind one that lives longer waits for it (it
+//!   is never returned, and still counts towards [`CAPACITY`]);
 //! - only writes are remembered: reads are idempotent, and not caching GET
 //!   values keeps the table small;
 //! - an answer is repeated only for the same request: the identity (client
 //!   id, correlation data) must match and so must a fingerprint of the
 //!   command, so a client that reuses correlation data for a different
-//!   command gets that command executed, not an unrelated earlier answer;
-//! - eviction order is the same on every replica, restored or not: by
-//!   expiry, ties in the order the answers were remembered (a snapshot lists
-//!   them in that order and a restore keeps it).
+//!   command gets that command executed, not an unrelated earlier answer.
+//!   The new answer takes the old one's place in the order;
+//! - the order is the same on every replica, restored or not: a snapshot
+//!   lists the answers in it and a restore keeps it.
+//!
+//! Every write looks its identity up and, with the table full, remembers
+//! one answer and forgets another, so the layout is chosen for few cache
+//! misses: the answers sit in a ring in the order they are forgotten (the
+//! one to forget next is read from memory the last one shared), an
+//! identity short enough is stored in its answer's slot, and the hash
+//! index is an open-addressing table of 8-byte entries with no tombstones,
+//! whose entry for the next answer to forget is fetched ahead.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use bytes::Bytes;
-use hashbrown::HashTable;
 use mqkv_protocol::{Hlc, Response};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -33,10 +45,6 @@ use crate::{Applied, DedupId};
 
 /// Most answers remembered at once.
 pub const CAPACITY: usize = 100_000;
-
-/// Answers from which the hash index is sized for good (see
-/// [`DedupTable::make_room`]).
-const INDEX_FINAL_AT: usize = CAPACITY / 8;
 
 /// Longest time an answer is remembered, whatever expiry the request asked
 /// for. The SDKs' request timeouts are seconds to a minute; MQTT allows
@@ -51,28 +59,43 @@ struct Remembered {
     version: Option<Hlc>,
 }
 
-/// Where an answer sits in the eviction order: its expiry, then when it
-/// was remembered.
-type ExpiryKey = (u64, u64);
+/// Identities up to this long (4 bytes of length, client id, correlation
+/// data) are stored in their slot: a 16-byte correlation (a UUID, as the
+/// SDKs send) with a client id of up to 36 bytes.
+const INLINE: usize = 56;
+
+/// The client id's length as 4 bytes, the client id, the correlation data:
+/// a copy (a slice of the request would keep its whole read buffer alive
+/// for as long as the answer is remembered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Identity {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl Identity {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Identity::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Identity::Heap(bytes) => bytes,
+        }
+    }
+}
 
 /// One remembered answer and whose it is.
 #[derive(Debug, Clone)]
 struct Slot {
     /// [`identity_hash`] of the identity.
     hash: u64,
-    /// The client id's length as 4 bytes, the client id, the correlation
-    /// data: one allocation, a copy (a slice of the request would keep its
-    /// whole read buffer alive for as long as the answer is remembered).
-    identity: Box<[u8]>,
+    identity: Identity,
     remembered: Remembered,
-    key: ExpiryKey,
 }
 
 impl Slot {
     fn parts(&self) -> (&[u8], &[u8]) {
-        let (len, rest) = self.identity.split_at(4);
+        let (len, rest) = self.identity.bytes().split_at(4);
         let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        rest.split_at(len)
+        rest.split_at(len.min(rest.len()))
     }
 
     fn is(&self, probe: &Probe<'_>) -> bool {
@@ -96,22 +119,32 @@ impl<'a> Probe<'a> {
         }
     }
 
-    fn identity(&self) -> Box<[u8]> {
+    fn identity(&self) -> Identity {
         // Client ids are MQTT strings: at most 65,535 bytes.
         let len = u32::try_from(self.client_id.len()).unwrap_or(u32::MAX);
-        let mut bytes = Vec::with_capacity(4 + self.client_id.len() + self.correlation.len());
+        let total = 4 + self.client_id.len() + self.correlation.len();
+        if total <= INLINE {
+            let mut bytes = [0; INLINE];
+            bytes[..4].copy_from_slice(&len.to_le_bytes());
+            bytes[4..4 + self.client_id.len()].copy_from_slice(self.client_id);
+            bytes[4 + self.client_id.len()..total].copy_from_slice(self.correlation);
+            // INLINE fits in a byte.
+            let len = u8::try_from(total).unwrap_or(u8::MAX);
+            return Identity::Inline { len, bytes };
+        }
+        let mut bytes = Vec::with_capacity(total);
         bytes.extend_from_slice(&len.to_le_bytes());
         bytes.extend_from_slice(self.client_id);
         bytes.extend_from_slice(self.correlation);
-        bytes.into_boxed_slice()
+        Identity::Heap(bytes.into_boxed_slice())
     }
 }
 
 /// Where an identity goes in the hash index. Held in memory only (rebuilt
-/// on load) and never observable (eviction and snapshot order come from the
-/// expiry index), so it is seeded per process: correlation data comes from
-/// clients, and identities crafted to collide under a known seed would
-/// turn every lookup into a walk of the whole table.
+/// on load) and never observable (the order of the answers is their own),
+/// so it is seeded per process: correlation data comes from clients, and
+/// identities crafted to collide under a known seed would turn every lookup
+/// into a walk of the whole table.
 fn identity_hash(client_id: &[u8], correlation: &[u8]) -> u64 {
     use std::hash::BuildHasher;
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -120,48 +153,158 @@ fn identity_hash(client_id: &[u8], correlation: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(correlation, client)
 }
 
-/// The hash of the identity in slot `at`, for the index to rehash with.
-fn hash_at(slots: &[Option<Slot>], at: u32) -> u64 {
-    slots
-        .get(at as usize)
-        .and_then(Option::as_ref)
-        .map_or(0, |s| s.hash)
+/// Asks the CPU to start loading the cache line at `at`; reads nothing.
+#[inline(always)]
+fn prefetch<T>(at: *const T) {
+    // SAFETY: a prefetch is a hint: it neither faults nor reads memory the
+    // program can observe, whatever the address; SSE is part of x86_64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(at.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
-/// The remembered answers: a slab of slots, a hash index over it by
-/// identity, and the eviction order.
-///
-/// A hash index, not a B-tree by identity: every write looks its identity
-/// up and most remember one, and with the table full that was several
-/// cache-missing walks of a 100,000-entry tree per write. A hash table
-/// under churn leaves tombstones where a deleted entry sat in a full run of
-/// buckets; once they use up its spare room it rebuilds itself (a few
-/// milliseconds at this size, stalling the write that triggers it). So the
-/// index is kept sparse ([`DedupTable::make_room`]): once the table is
-/// past [`INDEX_FINAL_AT`] answers the index is sized in one step for four
-/// times [`CAPACITY`], at most a quarter full, where tombstones are too rare
-/// to matter. The eviction order is a B-tree keyed by expiry: answers mostly
-/// arrive in expiry order, so it is worked at its two ends.
+/// The hash index: an open-addressing table (linear probing) from an
+/// identity's hash to its answer's number. An entry is 0 when empty, else
+/// bit 63 set, the low 31 bits of the hash (which give the entry's home, and
+/// past the table's size rule out most mismatches without reading a slot)
+/// and the low 32 bits of the answer's number (the ring never holds 2^32
+/// answers, so they name one). Deleting shifts the entries after it back
+/// (no tombstones), so the table never needs rebuilding to clear them; at
+/// most half full, probes stay short.
+#[derive(Debug, Clone, Default)]
+struct Index {
+    entries: Vec<u64>,
+    len: usize,
+}
+
+const USED: u64 = 1 << 63;
+
+const LOW_31: u64 = 0x7FFF_FFFF;
+
+fn entry_of(hash: u64, number: u64) -> u64 {
+    USED | ((hash & LOW_31) << 32) | (number & 0xFFFF_FFFF)
+}
+
+impl Index {
+    fn mask(&self) -> usize {
+        self.entries.len().wrapping_sub(1)
+    }
+
+    /// Where probing for `hash` starts. Tables are smaller than 2^31
+    /// entries, so the bits kept in an entry give it too.
+    fn home(&self, hash: u64) -> usize {
+        (hash & LOW_31) as usize & self.mask()
+    }
+
+    /// Positions probed for `hash`, from its home, until an empty entry.
+    fn probe(&self, hash: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let mask = self.mask();
+        let mut at = self.home(hash);
+        std::iter::from_fn(move || {
+            let entry = *self.entries.get(at)?;
+            (entry != 0).then(|| {
+                let here = at;
+                at = (at + 1) & mask;
+                (here, entry)
+            })
+        })
+    }
+
+    /// The low 32 bits of the numbers of the answers whose hash might be
+    /// `hash`.
+    fn candidates(&self, hash: u64) -> impl Iterator<Item = u32> + '_ {
+        let tag = entry_of(hash, 0);
+        self.probe(hash)
+            .filter(move |(_, entry)| entry & !0xFFFF_FFFF == tag)
+            .map(|(_, entry)| entry as u32)
+    }
+
+    fn prefetch(&self, hash: u64) {
+        if !self.entries.is_empty() {
+            prefetch(self.entries.as_ptr().wrapping_add(self.home(hash)));
+        }
+    }
+
+    /// Adds an entry; the caller has made room ([`Index::reserve_one`]).
+    fn insert(&mut self, hash: u64, number: u64) {
+        let mask = self.mask();
+        let mut at = self.home(hash);
+        while self.entries[at] != 0 {
+            at = (at + 1) & mask;
+        }
+        self.entries[at] = entry_of(hash, number);
+        self.len += 1;
+    }
+
+    /// Removes the entry for answer `number`, whose identity hash is `hash`.
+    fn remove(&mut self, hash: u64, number: u64) {
+        let wanted = entry_of(hash, number);
+        let Some((mut hole, _)) = self.probe(hash).find(|&(_, entry)| entry == wanted) else {
+            return;
+        };
+        self.len -= 1;
+        // Move back each later entry of the run that may sit at the hole:
+        // one whose home is not between the hole and where it sits.
+        let mask = self.mask();
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let entry = self.entries[at];
+            if entry == 0 {
+                break;
+            }
+            let home = self.home(entry >> 32);
+            let distance_home = at.wrapping_sub(home) & mask;
+            let distance_hole = at.wrapping_sub(hole) & mask;
+            if distance_home >= distance_hole {
+                self.entries[hole] = entry;
+                hole = at;
+            }
+        }
+        self.entries[hole] = 0;
+    }
+
+    /// Makes room for one more entry: doubles (rebuilding from `hashes`,
+    /// each answer's number and hash) once the table would be over half
+    /// full. A full table of answers fits in 2^18 entries (2 MiB), reached
+    /// at 65,537 answers, after which it no longer grows.
+    fn reserve_one(&mut self, hashes: impl Iterator<Item = (u64, u64)>) {
+        if (self.len + 1) * 2 <= self.entries.len() {
+            return;
+        }
+        let size = (self.entries.len() * 2).max(32);
+        *self = Index {
+            entries: vec![0; size],
+            len: 0,
+        };
+        for (number, hash) in hashes {
+            self.insert(hash, number);
+        }
+    }
+}
+
+/// The remembered answers, oldest first, and a hash index over them by
+/// identity. Answers are numbered in the order they were remembered: the
+/// one at the front of the ring is number `first`.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DedupTable {
-    slots: Vec<Option<Slot>>,
-    /// Vacant positions in `slots`.
-    vacant: Vec<u32>,
-    /// Positions of the occupied slots, by [`Slot::hash`].
-    index: HashTable<u32>,
-    by_expiry: BTreeMap<ExpiryKey, u32>,
-    /// Numbers answers in the order they were remembered.
-    next_seq: u64,
+    ring: VecDeque<Slot>,
+    first: u64,
+    index: Index,
 }
 
-/// Equal when the same answers are remembered in the same eviction order
-/// (the numbering itself may differ: a restored table renumbers).
+/// Equal when the same answers are remembered in the same order (the
+/// numbering itself may differ: a restored table starts again from 0).
 impl PartialEq for DedupTable {
     fn eq(&self, other: &Self) -> bool {
         self.len() == other.len()
             && self
-                .in_order()
-                .zip(other.in_order())
+                .ring
+                .iter()
+                .zip(&other.ring)
                 .all(|(a, b)| a.identity == b.identity && a.remembered == b.remembered)
     }
 }
@@ -170,127 +313,86 @@ impl Eq for DedupTable {}
 
 impl DedupTable {
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.ring.len()
     }
 
-    fn slot(&self, at: u32) -> Option<&Slot> {
-        self.slots.get(at as usize).and_then(Option::as_ref)
+    /// The slot of the answer whose number ends in `low`, if one does.
+    fn slot_of(&self, low: u32) -> Option<(u64, &Slot)> {
+        let offset = u64::from(low.wrapping_sub(self.first as u32));
+        let slot = self.ring.get(usize::try_from(offset).ok()?)?;
+        Some((self.first + offset, slot))
     }
 
-    /// The answers in eviction order.
-    fn in_order(&self) -> impl Iterator<Item = &Slot> {
-        self.by_expiry.values().filter_map(|&at| self.slot(at))
-    }
-
-    /// Where the answer to this identity is, if remembered.
-    fn position(&self, probe: &Probe<'_>) -> Option<u32> {
+    /// The number of the answer to this identity, if remembered.
+    fn position(&self, probe: &Probe<'_>) -> Option<u64> {
         self.index
-            .find(probe.hash, |&at| self.slot(at).is_some_and(|s| s.is(probe)))
-            .copied()
+            .candidates(probe.hash)
+            .filter_map(|low| self.slot_of(low))
+            .find(|(_, slot)| slot.is(probe))
+            .map(|(number, _)| number)
     }
 
-    /// Forgets the answer in slot `at`, whose place in the eviction order
-    /// is still indexed.
-    fn forget(&mut self, at: u32) {
-        if let Some(slot) = self.slot(at) {
-            let key = slot.key;
-            self.by_expiry.remove(&key);
-            self.forget_popped(at);
-        }
-    }
-
-    /// Forgets the answer in slot `at`, already taken out of the eviction
-    /// order. The slot is dropped where it is: it was remembered long ago,
-    /// so its memory is cold, and moving it out would copy all of it.
-    fn forget_popped(&mut self, at: u32) {
-        let Some(hash) = self.slot(at).map(|slot| slot.hash) else {
+    /// Forgets the oldest answer.
+    fn pop_front(&mut self) {
+        let Some(slot) = self.ring.pop_front() else {
             return;
         };
-        if let Ok(entry) = self.index.find_entry(hash, |&other| other == at) {
-            entry.remove();
-        }
-        if let Some(slot) = self.slots.get_mut(at as usize) {
-            *slot = None;
-        }
-        self.vacant.push(at);
-        if self.index.is_empty() {
-            // Give the memory of a burst back once it has all expired.
-            *self = DedupTable {
-                next_seq: self.next_seq,
-                ..DedupTable::default()
-            };
-        }
-    }
-
-    /// Forgets every answer whose expiry is at or before `now_ms`.
-    pub(crate) fn prune(&mut self, now_ms: u64) {
-        while let Some((&(expires_at_ms, _), &at)) = self.by_expiry.first_key_value() {
-            if expires_at_ms > now_ms {
-                break;
+        self.index.remove(slot.hash, self.first);
+        self.first += 1;
+        match self.ring.front() {
+            // The entry the next pop removes, fetched while the caller goes on.
+            Some(next) => self.index.prefetch(next.hash),
+            // Give the memory of a burst back once it has all gone.
+            None => {
+                *self = DedupTable {
+                    first: self.first,
+                    ..DedupTable::default()
+                }
             }
-            self.by_expiry.pop_first();
-            self.forget_popped(at);
         }
     }
 
-    /// Grows the index once it is half full: doubling while the table is
-    /// small, and straight to room for four times [`CAPACITY`] once it holds
-    /// [`INDEX_FINAL_AT`] answers, so a busy table grows (and stalls to
-    /// rehash) a few times on its way up and then no more.
-    fn make_room(&mut self) {
-        let len = self.index.len();
-        if len * 2 >= self.index.capacity() {
-            let slots = &self.slots;
-            let additional = if len >= INDEX_FINAL_AT {
-                (4 * CAPACITY).saturating_sub(len)
-            } else {
-                len.max(16)
-            };
-            self.index.reserve(additional, |&at| hash_at(slots, at));
+    /// Forgets the oldest answers while they have expired at `now_ms`.
+    pub(crate) fn prune(&mut self, now_ms: u64) {
+        while self
+            .ring
+            .front()
+            .is_some_and(|slot| slot.remembered.expires_at_ms <= now_ms)
+        {
+            self.pop_front();
         }
     }
 
-    /// Forgets the answer remembered for this identity, if any.
-    fn forget_identity(&mut self, probe: &Probe<'_>) {
-        if let Some(at) = self.position(probe) {
-            self.forget(at);
+    /// Remembers an answer: in the place of the earlier answer to the same
+    /// identity, `earlier` (its number, from [`Self::position`]), if there
+    /// is one, else as the newest.
+    fn insert(&mut self, probe: &Probe<'_>, earlier: Option<u64>, remembered: Remembered) {
+        if let Some(number) = earlier {
+            let at = usize::try_from(number - self.first).ok();
+            if let Some(slot) = at.and_then(|at| self.ring.get_mut(at)) {
+                slot.remembered = remembered;
+                return;
+            }
         }
-    }
-
-    /// Adds an answer for an identity that has none remembered.
-    fn insert(&mut self, probe: &Probe<'_>, remembered: Remembered) {
-        let key = (remembered.expires_at_ms, self.next_seq);
-        self.next_seq += 1;
-        let slot = Slot {
+        let ring = &self.ring;
+        let first = self.first;
+        self.index
+            .reserve_one((first..).zip(ring.iter().map(|slot| slot.hash)));
+        let number = self.first + self.ring.len() as u64;
+        self.index.insert(probe.hash, number);
+        self.ring.push_back(Slot {
             hash: probe.hash,
             identity: probe.identity(),
             remembered,
-            key,
-        };
-        let at = match self.vacant.pop() {
-            Some(at) => {
-                self.slots[at as usize] = Some(slot);
-                at
-            }
-            None => {
-                // At most CAPACITY slots are ever in use.
-                let at = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
-                self.slots.push(Some(slot));
-                at
-            }
-        };
-        self.make_room();
-        let slots = &self.slots;
-        self.index
-            .insert_unique(probe.hash, at, |&at| hash_at(slots, at));
-        self.by_expiry.insert(key, at);
+        });
     }
 
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let at = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
-        let remembered = &self.slot(at)?.remembered;
+        let number = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
+        let at = usize::try_from(number - self.first).ok()?;
+        let remembered = &self.ring.get(at)?.remembered;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
@@ -310,22 +412,17 @@ impl DedupTable {
             return;
         }
         let probe = Probe::new(id.client_id.as_bytes(), &id.correlation);
-        self.forget_identity(&probe);
-        while self.len() >= CAPACITY {
-            let Some((_, evicted)) = self.by_expiry.pop_first() else {
-                break;
-            };
-            self.forget_popped(evicted);
+        let remembered = Remembered {
+            expires_at_ms,
+            fingerprint,
+            response: applied.response.clone(),
+            version: applied.version.clone(),
+        };
+        let earlier = self.position(&probe);
+        if earlier.is_none() && self.len() >= CAPACITY {
+            self.pop_front();
         }
-        self.insert(
-            &probe,
-            Remembered {
-                expires_at_ms,
-                fingerprint,
-                response: applied.response.clone(),
-                version: applied.version.clone(),
-            },
-        );
+        self.insert(&probe, earlier, remembered);
     }
 }
 
@@ -354,14 +451,14 @@ pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&buf[..written])
 }
 
-/// Serialized as a flat list of `((client id, correlation data), answer)`
-/// in eviction order; the indexes are rebuilt on load so they can never
-/// disagree with the list in a snapshot.
+/// Serialized as a flat list of `((client id, correlation data), answer)`,
+/// oldest first; the index is rebuilt on load so it can never disagree with
+/// the list in a snapshot.
 impl Serialize for DedupTable {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
         let mut list = serializer.serialize_seq(Some(self.len()))?;
-        for slot in self.in_order() {
+        for slot in &self.ring {
             let (client_id, correlation) = slot.parts();
             let client_id = std::str::from_utf8(client_id).map_err(S::Error::custom)?;
             list.serialize_element(&((client_id, BytesRef(correlation)), &slot.remembered))?;
@@ -372,17 +469,17 @@ impl Serialize for DedupTable {
 
 impl<'de> Deserialize<'de> for DedupTable {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut list: Vec<((String, Bytes), Remembered)> = Vec::deserialize(deserializer)?;
-        // Eviction order is by expiry, then by position in the list (older
-        // snapshots listed answers by identity, which was their tie order).
-        list.sort_by_key(|(_, remembered)| remembered.expires_at_ms);
+        let list: Vec<((String, Bytes), Remembered)> = Vec::deserialize(deserializer)?;
         let mut table = DedupTable::default();
         for ((client_id, correlation), remembered) in list {
-            // A repeated identity keeps its last answer, and only that
-            // answer's expiry stays indexed.
+            // A repeated identity keeps its last answer, in its first place.
             let probe = Probe::new(client_id.as_bytes(), &correlation);
-            table.forget_identity(&probe);
-            table.insert(&probe, remembered);
+            let earlier = table.position(&probe);
+            table.insert(&probe, earlier, remembered);
+        }
+        // A list longer than the table holds keeps its newest answers.
+        while table.len() > CAPACITY {
+            table.pop_front();
         }
         Ok(table)
     }
@@ -528,7 +625,7 @@ mod tests {
     }
 
     #[test]
-    fn capacity_evicts_the_soonest_expiring() {
+    fn capacity_evicts_the_oldest_whatever_its_expiry() {
         let mut table = DedupTable::default();
         let applied = Applied::reply(Response::Ok, None);
         for i in 0..CAPACITY as u64 {
@@ -538,13 +635,39 @@ mod tests {
         assert_eq!(table.len(), CAPACITY);
         table.remember(&id("new", 450_000), 7, &applied, 0);
         assert_eq!(table.len(), CAPACITY);
+        assert!(table.lookup(&id("0", 0), 7, 1).is_none(), "oldest evicted");
+        assert!(table.lookup(&id("1", 0), 7, 1).is_some());
         let last = (CAPACITY as u64 - 1).to_string();
-        assert!(
-            table.lookup(&id(&last, 0), 7, 1).is_none(),
-            "soonest expiry evicted"
-        );
-        assert!(table.lookup(&id("0", 0), 7, 1).is_some());
+        assert!(table.lookup(&id(&last, 0), 7, 1).is_some());
         assert!(table.lookup(&id("new", 0), 7, 1).is_some());
+
+        // Answering an identity again replaces its answer in place: nothing
+        // is evicted and it keeps its turn.
+        table.remember(&id("1", 450_000), 8, &applied, 0);
+        assert_eq!(table.len(), CAPACITY);
+        assert!(table.lookup(&id("2", 0), 7, 1).is_some());
+        assert!(
+            table.lookup(&id("1", 0), 7, 1).is_none(),
+            "old answer replaced"
+        );
+        assert!(table.lookup(&id("1", 0), 8, 1).is_some());
+        table.remember(&id("newer", 450_000), 7, &applied, 0);
+        assert!(table.lookup(&id("1", 0), 8, 1).is_none(), "its turn came");
+        assert!(table.lookup(&id("2", 0), 7, 1).is_some());
+    }
+
+    #[test]
+    fn expired_answers_go_from_the_front_and_are_never_returned() {
+        let mut table = DedupTable::default();
+        let applied = Applied::reply(Response::Ok, None);
+        table.remember(&id("long", 1_000), 7, &applied, 0);
+        table.remember(&id("short", 10), 7, &applied, 0);
+        table.prune(20);
+        assert_eq!(table.len(), 2, "waits behind the longer-lived answer");
+        assert!(table.lookup(&id("short", 0), 7, 20).is_none());
+        assert!(table.lookup(&id("long", 0), 7, 20).is_some());
+        table.prune(1_000);
+        assert_eq!(table.len(), 0);
     }
 
     #[test]
@@ -571,7 +694,7 @@ mod tests {
     }
 
     #[test]
-    fn serde_round_trip_rebuilds_the_expiry_index() {
+    fn serde_round_trip_rebuilds_the_index() {
         let mut table = DedupTable::default();
         let hit = Applied::reply(Response::Integer(1), Some(Hlc::new(5, 0, "s")));
         table.remember(&id("a", 100), 7, &hit, 0);
@@ -598,7 +721,7 @@ mod tests {
         let mut restored: DedupTable =
             postcard::from_bytes(&postcard::to_allocvec(&list).unwrap()).unwrap();
         assert_eq!(restored.len(), 1);
-        assert_eq!(restored.by_expiry.len(), 1);
+        assert_eq!(restored.index.len, 1);
         restored.prune(10);
         assert_eq!(
             restored.len(),
@@ -607,32 +730,23 @@ mod tests {
         );
     }
 
-    /// The slab, the hash index and the eviction order describe the same
-    /// answers, and the index stays at most half full (a quarter once
-    /// sized for good).
+    /// The ring and the hash index describe the same answers, every answer
+    /// is found through the index, and the index is at most half full.
     fn assert_consistent(table: &DedupTable) {
-        let occupied = table.slots.iter().filter(|s| s.is_some()).count();
-        assert_eq!(occupied, table.len());
-        assert_eq!(table.by_expiry.len(), table.len());
-        assert_eq!(table.vacant.len(), table.slots.len() - occupied);
-        for (key, &at) in &table.by_expiry {
-            let slot = table
-                .slot(at)
-                .expect("the expiry order names an empty slot");
-            assert_eq!(slot.key, *key);
+        assert_eq!(table.index.len, table.len());
+        let used = table.index.entries.iter().filter(|&&e| e != 0).count();
+        assert_eq!(used, table.len());
+        assert!(table.len() * 2 <= table.index.entries.len().max(1));
+        for (number, slot) in (table.first..).zip(&table.ring) {
             let (client_id, correlation) = slot.parts();
             let probe = Probe::new(client_id, correlation);
             assert_eq!(slot.hash, probe.hash);
-            assert_eq!(table.position(&probe), Some(at));
-        }
-        assert!(table.len() * 2 <= table.index.capacity().max(16));
-        if table.len() > INDEX_FINAL_AT {
-            assert!(table.len() * 4 <= table.index.capacity());
+            assert_eq!(table.position(&probe), Some(number));
         }
     }
 
     #[test]
-    fn churn_keeps_the_indexes_in_step() {
+    fn churn_keeps_the_ring_and_the_index_in_step() {
         let applied = Applied::reply(Response::Ok, None);
         let mut table = DedupTable::default();
         let mut remembered = Vec::new();
@@ -678,8 +792,130 @@ mod tests {
         // memory go.
         table.prune(u64::MAX);
         assert_eq!(table.len(), 0);
-        assert_eq!(table.slots.capacity(), 0);
+        assert_eq!(table.ring.capacity(), 0);
+        assert!(table.index.entries.is_empty());
         assert_consistent(&table);
+    }
+
+    /// Deleting from runs that wrap around the end of the table and hold
+    /// entries far from home keeps every other entry findable; checked
+    /// against a plain map over many random operations on small tables.
+    #[test]
+    fn index_deletes_keep_every_run_findable() {
+        let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for round in 0..200u64 {
+            let mut index = Index::default();
+            let mut live = std::collections::BTreeMap::new();
+            let mut number = round << 20;
+            for _ in 0..400 {
+                if live.is_empty() || next() % 3 != 0 {
+                    // Few distinct homes, so runs are long and wrap.
+                    let hash = (next() & !LOW_31) | (next() % 8) | 24;
+                    let entries: Vec<(u64, u64)> = live.iter().map(|(&n, &h)| (n, h)).collect();
+                    index.reserve_one(entries.into_iter());
+                    index.insert(hash, number);
+                    live.insert(number, hash);
+                    number += 1;
+                } else {
+                    let pick = next() as usize % live.len();
+                    let (&gone, &hash) = live.iter().nth(pick).expect("non-empty");
+                    index.remove(hash, gone);
+                    live.remove(&gone);
+                }
+                assert_eq!(index.len, live.len());
+                for (&n, &hash) in &live {
+                    assert!(
+                        index.candidates(hash).any(|low| low == n as u32),
+                        "entry {n} lost"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn identities_of_every_length_round_trip() {
+        let applied = Applied::reply(Response::Ok, None);
+        let mut table = DedupTable::default();
+        let mut ids = Vec::new();
+        for client_len in [0, 1, 20, 35, 36, 37, 52, 53, 1_000, 65_535] {
+            for correlation_len in [0, 1, 16, 17, 100] {
+                let id = DedupId {
+                    client_id: "c".repeat(client_len).into(),
+                    correlation: Bytes::from(vec![b'x'; correlation_len]),
+                    expires_at_ms: 1_000,
+                };
+                table.remember(&id, 7, &applied, 0);
+                ids.push(id);
+            }
+        }
+        // A client id that is another's with the first correlation byte
+        // moved into it is another identity.
+        let moved = DedupId {
+            client_id: "cx".into(),
+            correlation: Bytes::from_static(b"x"),
+            expires_at_ms: 1_000,
+        };
+        assert!(table.lookup(&moved, 7, 1).is_none());
+        assert_eq!(table.len(), ids.len());
+        let restored: DedupTable =
+            postcard::from_bytes(&postcard::to_allocvec(&table).unwrap()).unwrap();
+        assert_eq!(restored, table);
+        for t in [&table, &restored] {
+            assert_consistent(t);
+            for id in &ids {
+                assert!(t.lookup(id, 7, 1).is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn numbering_past_32_bits_still_names_the_right_answers() {
+        let applied = Applied::reply(Response::Ok, None);
+        let mut table = DedupTable {
+            first: u64::from(u32::MAX) - 5,
+            ..DedupTable::default()
+        };
+        for i in 0..40u64 {
+            table.remember(&id(&i.to_string(), 1_000 + i), i, &applied, 0);
+        }
+        table.prune(1_010);
+        assert_eq!(table.first, u64::from(u32::MAX) + 6);
+        assert_consistent(&table);
+        for i in 0..40u64 {
+            let found = table.lookup(&id(&i.to_string(), 0), i, 1_010);
+            assert_eq!(found.is_some(), i > 10, "answer {i}");
+        }
+    }
+
+    #[test]
+    fn a_restored_list_longer_than_the_table_keeps_its_newest() {
+        let remembered = Remembered {
+            expires_at_ms: 100,
+            fingerprint: 7,
+            response: Response::Ok,
+            version: None,
+        };
+        let list: Vec<((String, Bytes), Remembered)> = (0..CAPACITY + 3)
+            .map(|i| ((i.to_string(), Bytes::new()), remembered.clone()))
+            .collect();
+        let restored: DedupTable =
+            postcard::from_bytes(&postcard::to_allocvec(&list).unwrap()).unwrap();
+        assert_eq!(restored.len(), CAPACITY);
+        let ask = |i: usize| DedupId {
+            client_id: i.to_string().into(),
+            correlation: Bytes::new(),
+            expires_at_ms: 0,
+        };
+        assert!(restored.lookup(&ask(2), 7, 1).is_none());
+        assert!(restored.lookup(&ask(3), 7, 1).is_some());
+        assert!(restored.lookup(&ask(CAPACITY + 2), 7, 1).is_some());
     }
 
     #[test]
