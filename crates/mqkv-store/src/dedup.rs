@@ -29,8 +29,8 @@
 //! Every write looks its identity up and, with the table full, remembers
 //! one answer and forgets another, so the layout is chosen for few cache
 //! misses: the answers sit in a ring in the order they are forgotten (the
-//! one to forget next is read from memory the last one shared), an
-//! identity short enough is stored in its answer's slot, and the hash
+//! next one to forget lies beside the last one forgotten), an identity
+//! short enough is stored in its answer's slot, and the hash
 //! index is an open-addressing table of 8-byte entries with no tombstones,
 //! whose entry for the next answer to forget is fetched ahead.
 
