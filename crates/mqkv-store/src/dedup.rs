@@ -316,20 +316,13 @@ impl DedupTable {
         self.ring.len()
     }
 
-    /// The slot of the answer whose number ends in `low`, if one does.
-    fn slot_of(&self, low: u32) -> Option<(u64, &Slot)> {
-        let offset = u64::from(low.wrapping_sub(self.first as u32));
-        let slot = self.ring.get(usize::try_from(offset).ok()?)?;
-        Some((self.first + offset, slot))
-    }
-
-    /// The number of the answer to this identity, if remembered.
-    fn position(&self, probe: &Probe<'_>) -> Option<u64> {
+    /// Where in the ring the answer to this identity is, if remembered:
+    /// its number (whose low 32 bits the index gives) less `first`.
+    fn position(&self, probe: &Probe<'_>) -> Option<usize> {
         self.index
             .candidates(probe.hash)
-            .filter_map(|low| self.slot_of(low))
-            .find(|(_, slot)| slot.is(probe))
-            .map(|(number, _)| number)
+            .map(|low| low.wrapping_sub(self.first as u32) as usize)
+            .find(|&at| self.ring.get(at).is_some_and(|slot| slot.is(probe)))
     }
 
     /// Forgets the oldest answer.
@@ -364,15 +357,12 @@ impl DedupTable {
     }
 
     /// Remembers an answer: in the place of the earlier answer to the same
-    /// identity, `earlier` (its number, from [`Self::position`]), if there
-    /// is one, else as the newest.
-    fn insert(&mut self, probe: &Probe<'_>, earlier: Option<u64>, remembered: Remembered) {
-        if let Some(number) = earlier {
-            let at = usize::try_from(number - self.first).ok();
-            if let Some(slot) = at.and_then(|at| self.ring.get_mut(at)) {
-                slot.remembered = remembered;
-                return;
-            }
+    /// identity, `earlier` (from [`Self::position`]), if there is one, else
+    /// as the newest.
+    fn insert(&mut self, probe: &Probe<'_>, earlier: Option<usize>, remembered: Remembered) {
+        if let Some(slot) = earlier.and_then(|at| self.ring.get_mut(at)) {
+            slot.remembered = remembered;
+            return;
         }
         let ring = &self.ring;
         let first = self.first;
@@ -390,8 +380,7 @@ impl DedupTable {
     /// The first answer to the request with this identity, if remembered
     /// and not expired.
     pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let number = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
-        let at = usize::try_from(number - self.first).ok()?;
+        let at = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
         let remembered = &self.ring.get(at)?.remembered;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
@@ -737,11 +726,11 @@ mod tests {
         let used = table.index.entries.iter().filter(|&&e| e != 0).count();
         assert_eq!(used, table.len());
         assert!(table.len() * 2 <= table.index.entries.len().max(1));
-        for (number, slot) in (table.first..).zip(&table.ring) {
+        for (at, slot) in table.ring.iter().enumerate() {
             let (client_id, correlation) = slot.parts();
             let probe = Probe::new(client_id, correlation);
             assert_eq!(slot.hash, probe.hash);
-            assert_eq!(table.position(&probe), Some(number));
+            assert_eq!(table.position(&probe), Some(at));
         }
     }
 
