@@ -97,6 +97,7 @@ mod state_machine;
 mod stats;
 mod sync;
 mod types;
+mod uring;
 
 #[cfg(test)]
 mod tests;
@@ -111,3 +112,4 @@ pub use runtime::SharedThread;
 pub use state_machine::{set_after_snapshot, ApplyHook};
 pub use stats::StoreStats;
 pub use types::{NodeId, DEFAULT_NODE_ID};
+pub use uring::direct_log_writes_work;

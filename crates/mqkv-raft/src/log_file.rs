@@ -21,7 +21,11 @@
 //!
 //! An append is one `write` of its frames and one `fdatasync`: the cheapest
 //! durable write a file system offers, where a B-tree commit rewrites
-//! several pages.
+//! several pages. Or, where raft shares a thread with connections, one
+//! direct write of whole blocks (see [`Segments::direct_write`] and
+//! `uring`): the block the segment's end falls in is written again with the
+//! new frames, from a copy kept of it, and zeros pad the last block, as the
+//! space allocated ahead holds anyway.
 //!
 //! Invariants:
 //! - a segment appears under its final name only once its header and start
@@ -42,7 +46,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -75,6 +79,58 @@ const LOCK_FILE: &str = "LOCK";
 /// Zero bytes in a row that only space never written can hold, in a
 /// segment whose payloads are masked.
 const UNWRITTEN_RUN: usize = 8;
+
+/// Block size of direct writes: their offsets, lengths and buffers are
+/// multiples of it (of every logical block size up to 4 KiB).
+pub(crate) const BLOCK: u64 = 4096;
+
+/// Whole blocks of a segment to write with direct I/O (see
+/// [`Segments::direct_write`]).
+#[derive(Clone)]
+pub(crate) struct DirectWrite {
+    /// The segment opened with `O_DIRECT`.
+    pub(crate) direct: Arc<File>,
+    /// The segment as opened for the page cache, for a system that refuses
+    /// the direct write.
+    pub(crate) file: Arc<File>,
+    /// Holds the blocks at `skip`, where they are aligned in memory.
+    buf: Vec<u8>,
+    skip: usize,
+    len: usize,
+    /// Where in the file the blocks go: a multiple of [`BLOCK`], as is
+    /// their length.
+    pub(crate) offset: u64,
+}
+
+impl DirectWrite {
+    /// The blocks to write.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf[self.skip..self.skip + self.len]
+    }
+
+    /// The buffer, for the next write.
+    pub(crate) fn into_buffer(self) -> Vec<u8> {
+        self.buf
+    }
+
+    /// `bytes` for `offset` of the file at `path`, whatever their alignment.
+    #[cfg(test)]
+    pub(crate) fn unaligned(path: &Path, bytes: &[u8], offset: u64) -> io::Result<DirectWrite> {
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)?;
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        Ok(DirectWrite {
+            direct: Arc::new(direct),
+            file: Arc::new(file),
+            buf: bytes.to_vec(),
+            skip: 0,
+            len: bytes.len(),
+            offset,
+        })
+    }
+}
 
 /// One change to the log, as written.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -151,6 +207,10 @@ struct Segment {
     last_index: Option<u64>,
     /// Whether its payloads are masked (format 2 on).
     masked: bool,
+    /// The file opened for direct writes, once used.
+    direct: Option<Arc<File>>,
+    /// The bytes of the block `len` falls in, up to `len`, and where that block starts.
+    tail: Option<(u64, Vec<u8>)>,
 }
 
 /// The open log directory. Methods block on file I/O; they run on the raft
@@ -164,6 +224,9 @@ pub(crate) struct Segments {
     staged: Vec<u8>,
     /// A new segment is started once the current one is this long.
     segment_bytes: u64,
+    /// The file system refused to open a segment for direct I/O: appends
+    /// go through the page cache.
+    direct_refused: bool,
     /// Held for as long as the log is open.
     _lock: File,
 }
@@ -324,6 +387,8 @@ fn create_segment(dir: &Path, seq: u64, start: &Record, records: &[Record]) -> i
         allocated: len,
         last_index,
         masked: true,
+        direct: None,
+        tail: None,
     })
 }
 
@@ -431,6 +496,8 @@ pub(crate) fn open(
             allocated: bytes.len() as u64,
             last_index,
             masked,
+            direct: None,
+            tail: None,
         });
     }
     let loaded = replay.finish(&dir)?;
@@ -463,6 +530,7 @@ pub(crate) fn open(
             segments,
             staged: Vec::new(),
             segment_bytes,
+            direct_refused: false,
             _lock: lock,
         },
         loaded,
@@ -789,6 +857,7 @@ impl Segments {
             // A write that fails part way leaves bytes past `len`; the next
             // one writes over them.
             current.file.write_all_at(&staged, current.len)?;
+            current.tail = None;
             current.len = end;
             current.allocated = current.allocated.max(end);
         }
@@ -799,6 +868,87 @@ impl Segments {
         staged.clear();
         self.staged = staged;
         Ok(())
+    }
+
+    /// Takes what is staged as a direct write: whole blocks from the one
+    /// the segment's end falls in (its bytes before the end, kept from the
+    /// write before, are written again unchanged), padded with zeros, built
+    /// in `buf`. The segment's length counts the staged bytes from here on:
+    /// the caller makes the write durable (or fails the log) before
+    /// acknowledging them. `None` if nothing is staged, or if the write
+    /// would reach past the space allocated ahead: it is then written
+    /// through the page cache, for the caller to sync as usual.
+    pub(crate) fn direct_write(&mut self, mut buf: Vec<u8>) -> io::Result<Option<DirectWrite>> {
+        if self.staged.is_empty() || self.direct_refused {
+            self.write(false)?;
+            return Ok(None);
+        }
+        let staged = std::mem::take(&mut self.staged);
+        let current = self.current_mut()?;
+        let end = current.len + staged.len() as u64;
+        if end > current.allocated && (staged.len() as u64) < WRITE_PAST_ALLOCATED {
+            allocate(current, end + ALLOCATE_AHEAD)?;
+        }
+        let start = current.len & !(BLOCK - 1);
+        let padded = end.next_multiple_of(BLOCK);
+        let direct = match &current.direct {
+            _ if padded > current.allocated => None,
+            Some(file) => Some(file.clone()),
+            None => {
+                let opened = OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(&current.path);
+                match opened {
+                    Ok(file) => {
+                        let file = Arc::new(file);
+                        current.direct = Some(file.clone());
+                        Some(file)
+                    }
+                    Err(e) if crate::uring::refused(&e) => {
+                        tracing::info!(error = %e, "no direct I/O: the log writes through the page cache");
+                        self.direct_refused = true;
+                        None
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        let Some(direct) = direct else {
+            self.staged = staged;
+            self.write(false)?;
+            return Ok(None);
+        };
+        let current = self.current_mut()?;
+        let head_len = (current.len - start) as usize;
+        let len = (padded - start) as usize;
+        buf.clear();
+        buf.resize(len + BLOCK as usize, 0);
+        let skip = buf.as_ptr().align_offset(BLOCK as usize);
+        let block = &mut buf[skip..skip + len];
+        match current.tail.take() {
+            Some((at, head)) if at == start && head.len() == head_len => {
+                block[..head_len].copy_from_slice(&head);
+            }
+            _ => current.file.read_exact_at(&mut block[..head_len], start)?,
+        }
+        block[head_len..head_len + staged.len()].copy_from_slice(&staged);
+        let tail_start = end & !(BLOCK - 1);
+        let kept = (tail_start - start) as usize..(end - start) as usize;
+        current.tail = Some((tail_start, block[kept].to_vec()));
+        current.len = end;
+        let write = DirectWrite {
+            direct,
+            file: current.file.clone(),
+            buf,
+            skip,
+            len,
+            offset: start,
+        };
+        let mut staged = staged;
+        staged.clear();
+        self.staged = staged;
+        Ok(Some(write))
     }
 
     /// Bytes of valid log in the newest segment.

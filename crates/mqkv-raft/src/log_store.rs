@@ -6,10 +6,12 @@
 //! end of `append` itself. These calls run on the raft thread (see
 //! `runtime`), which has nothing else to do while its one proposal is being
 //! synced, so doing the I/O in place costs no thread hand-off. On a thread
-//! lent to raft, which serves connections too, an append's sync goes to a
-//! sync thread instead (started by the raft thread, so it may run where
-//! that thread may) and `append` awaits it, the lock on the log released:
-//! the connections are served meanwhile.
+//! lent to raft, which serves connections too, `append` awaits the I/O with
+//! the lock on the log released, and the connections are served meanwhile:
+//! the append is a direct write submitted through io_uring (see `uring`),
+//! or, where the system refuses that (from then on) or it is turned off, a
+//! write into the page cache whose sync goes to a sync thread (started by
+//! the raft thread, so it may run where that thread may).
 //!
 //! Recent entries are kept decoded in memory (the state machine applies
 //! them right after they are written); older ones are read back from their
@@ -28,6 +30,7 @@ use std::fmt::Debug;
 use std::fs::File;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock};
 
@@ -38,10 +41,11 @@ use openraft::{
     AnyError, ErrorSubject, ErrorVerb, LogState, OptionalSend, RaftLogReader, StorageIOError,
 };
 
-use crate::log_file::{Loaded, Location, Record, Segments};
+use crate::log_file::{DirectWrite, Loaded, Location, Record, Segments};
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{LogId, RaftEntry, StorageError, TypeConfig, Vote};
+use crate::uring::{self, Ring};
 
 /// Decoded entries kept in memory by a disk store, newest first to stay,
 /// counted by their encoded size (decoded, they take a few times that).
@@ -57,6 +61,13 @@ struct Slot {
 }
 
 struct Log {
+    /// Appends synced elsewhere are written with direct I/O (see `uring`),
+    /// until the system refuses it.
+    direct: bool,
+    /// The direct write of the latest append, for its caller to submit.
+    pending: Option<DirectWrite>,
+    /// The buffer of the write before, for the next.
+    spare: Vec<u8>,
     /// `None` for a memory store, and once closed.
     segments: Option<Segments>,
     memory: bool,
@@ -96,6 +107,11 @@ impl Log {
     /// Stages the committed id if it changed, then `record`, and writes.
     fn write(&mut self, record: Option<Record>, sync: bool) -> io::Result<()> {
         let committed = self.committed.filter(|_| self.committed_dirty);
+        let direct = self.direct && !sync;
+        let buffer = match direct {
+            true => std::mem::take(&mut self.spare),
+            false => Vec::new(),
+        };
         let Some(segments) = self.segments()? else {
             return Ok(());
         };
@@ -105,7 +121,11 @@ impl Log {
         if let Some(record) = &record {
             segments.stage(record)?;
         }
-        segments.write(sync)?;
+        if direct {
+            self.pending = segments.direct_write(buffer)?;
+        } else {
+            segments.write(sync)?;
+        }
         self.committed_dirty = false;
         Ok(())
     }
@@ -299,6 +319,9 @@ pub(crate) struct LogShared {
     sync_elsewhere: bool,
     /// The sync thread, once started; `None` if it could not be.
     sync_thread: OnceLock<Option<mpsc::Sender<SyncJob>>>,
+    /// The ring for direct writes, once set up on the thread appending;
+    /// `None` if it could not be.
+    ring: OnceLock<Option<Ring>>,
 }
 
 /// A file to sync, and where to say how it went.
@@ -341,6 +364,51 @@ impl LogShared {
         }
     }
 
+    /// Makes `write` durable: through the ring, or, where the system
+    /// refuses direct writes, through the page cache and a sync (and so
+    /// from then on).
+    pub(crate) async fn write_direct(&self, write: DirectWrite) -> io::Result<()> {
+        let ring = self.ring.get_or_init(|| match Ring::new() {
+            Ok(ring) => Some(ring),
+            Err(e) => {
+                tracing::info!(error = %e, "no io_uring: the log writes through the page cache");
+                None
+            }
+        });
+        let (result, write) = match ring {
+            Some(ring) => ring.write(write).await,
+            None => (Err(io::Error::from_raw_os_error(libc::ENOSYS)), Some(write)),
+        };
+        let refused = match (result, write) {
+            (Ok(()), write) => {
+                Counters::add(&self.counters.log_direct_writes, 1);
+                if let Some(write) = write {
+                    let mut log = self.lock();
+                    if log.spare.capacity() == 0 {
+                        log.spare = write.into_buffer();
+                    }
+                }
+                return Ok(());
+            }
+            (Err(e), Some(write)) if uring::refused(&e) => {
+                if ring.is_some() {
+                    tracing::info!(error = %e, "direct writes refused: the log writes through the page cache");
+                }
+                write
+            }
+            (Err(e), _) => return Err(e),
+        };
+        self.lock().direct = false;
+        refused.file.write_all_at(refused.bytes(), refused.offset)?;
+        self.sync_on_sync_thread(refused.file.clone()).await
+    }
+
+    /// Whether appends are still written directly.
+    #[cfg(test)]
+    pub(crate) fn writes_directly(&self) -> bool {
+        self.lock().direct
+    }
+
     /// Index of the newest entry, or of the last purged one if none is left.
     pub(crate) fn last_index(&self) -> Option<u64> {
         self.lock().last_id().map(|id| id.index)
@@ -375,13 +443,15 @@ pub(crate) struct LogStore {
 impl LogStore {
     /// A log over the segments opened (and replayed into `loaded`), or, with
     /// `None`, in memory only.
-    /// With `sync_elsewhere`, appends are synced on a sync thread (see the
-    /// module's notes).
+    /// With `sync_elsewhere`, appends are made durable off the lock (see
+    /// the module's notes): with `direct_writes`, as direct writes where
+    /// the system allows them, else synced on a sync thread.
     pub(crate) fn start(
         segments: Option<(Segments, Loaded)>,
         path: PathBuf,
         counters: Arc<Counters>,
         sync_elsewhere: bool,
+        direct_writes: bool,
     ) -> LogStore {
         let memory = segments.is_none();
         let (segments, loaded) = match segments {
@@ -389,6 +459,9 @@ impl LogStore {
             None => (None, None),
         };
         let mut log = Log {
+            direct: sync_elsewhere && direct_writes,
+            pending: None,
+            spare: Vec::new(),
             segments,
             memory,
             vote: None,
@@ -429,6 +502,7 @@ impl LogStore {
                 path,
                 sync_elsewhere,
                 sync_thread: OnceLock::new(),
+                ring: OnceLock::new(),
             }),
         }
     }
@@ -507,18 +581,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
         let elsewhere = self.shared.sync_elsewhere;
-        let written = {
+        let (written, direct) = {
             let mut log = self.shared.lock();
-            log.append(entries, &self.shared.counters, !elsewhere)
+            let written = log
+                .append(entries, &self.shared.counters, !elsewhere)
                 .and_then(|()| match elsewhere {
                     true => log.current_file(),
                     false => Ok(None),
-                })
+                });
+            (written, log.pending.take())
         };
-        let result = match written {
-            Ok(Some(file)) => self.shared.sync_on_sync_thread(file).await,
-            Ok(None) => Ok(()),
-            Err(e) => Err(e),
+        let result = match (written, direct) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(direct)) => self.shared.write_direct(direct).await,
+            (Ok(Some(file)), None) => self.shared.sync_on_sync_thread(file).await,
+            (Ok(None), None) => Ok(()),
         };
         match result {
             Ok(()) => {

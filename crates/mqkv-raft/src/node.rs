@@ -62,8 +62,15 @@ pub struct NodeOptions {
     /// writes up for a large fraction of a second.
     pub piecewise_snapshot_keys: usize,
     /// Run raft on this thread instead of one of its own (see
-    /// [`SharedThread`]); the log's syncs then go to a thread of their own.
+    /// [`SharedThread`]); the log's appends are then made durable while the
+    /// thread goes on: as direct writes (see `direct_log_writes`), or
+    /// synced on a thread of their own.
     pub thread: Option<SharedThread>,
+    /// With `thread`, write the log's appends with direct I/O through
+    /// io_uring (`O_DIRECT`, `RWF_DSYNC`: durable when done, no page cache
+    /// copy, no sync thread), where the system allows it; otherwise, or if
+    /// false, through the page cache and an `fdatasync` on a sync thread.
+    pub direct_log_writes: bool,
 }
 
 impl Default for NodeOptions {
@@ -78,6 +85,7 @@ impl Default for NodeOptions {
             ready_timeout: Duration::from_secs(30),
             piecewise_snapshot_keys: 10_000,
             thread: None,
+            direct_log_writes: true,
         }
     }
 }
@@ -226,6 +234,7 @@ impl StoreNode {
         StoreStats {
             log_commits: Counters::get(&counters.log_commits),
             log_entries_written: Counters::get(&counters.log_entries_written),
+            log_direct_writes: Counters::get(&counters.log_direct_writes),
             log_len: self.inner.log.len(),
             snapshots_built: Counters::get(&counters.snapshots_built),
             snapshots_piecewise: Counters::get(&counters.snapshots_piecewise),
@@ -494,6 +503,7 @@ pub(crate) fn recover(
         log_path.clone(),
         counters.clone(),
         options.thread.is_some(),
+        options.direct_log_writes,
     );
     let shared = StateShared::new(
         state,

@@ -13,6 +13,9 @@ pub struct StoreStats {
     /// Log entries written since the store was opened. One log entry
     /// carries every write that was waiting when it was proposed.
     pub log_entries_written: u64,
+    /// Log commits made durable by a direct write (see
+    /// [`crate::NodeOptions::direct_log_writes`]) rather than a sync.
+    pub log_direct_writes: u64,
     /// Entries currently kept in the log (not yet purged behind a snapshot).
     pub log_len: u64,
     /// Snapshots written to the state file since the store was opened.
@@ -30,6 +33,8 @@ pub struct StoreStats {
 pub(crate) struct Counters {
     pub(crate) log_commits: AtomicU64,
     pub(crate) log_entries_written: AtomicU64,
+    /// Appends made durable by a direct write (see `uring`).
+    pub(crate) log_direct_writes: AtomicU64,
     pub(crate) snapshots_built: AtomicU64,
     pub(crate) snapshots_piecewise: AtomicU64,
     /// Encoded bytes of log entries written since the latest snapshot.

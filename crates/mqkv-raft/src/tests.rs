@@ -11,7 +11,7 @@ use mqkv_store::{Applied, ChangeKind, DedupId, Entry, Op, Request, StateMachine,
 use crate::files::{test_support::set_format_version, FileKind};
 use crate::state_machine::StateMachineStore;
 use crate::stats::Counters;
-use crate::{ApplyHook, NodeOptions, OpenError, StoreNode, WriteError};
+use crate::{ApplyHook, NodeOptions, OpenError, StoreNode, StoreStats, WriteError};
 use openraft::storage::RaftStateMachine;
 
 const T0: u64 = 1_700_000_000_000;
@@ -344,17 +344,46 @@ fn thread_names() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_on_a_lent_thread_replays_the_log_and_loads_the_snapshot() {
     let (thread, _) = lent_thread();
-    let lent = |options: NodeOptions| NodeOptions {
-        thread: Some(thread.clone()),
-        ..options
-    };
-    restart_preserves_state(lent(NodeOptions::default()), 5).await;
-    restart_preserves_state(lent(small_snapshots()), 57).await;
+    for direct_log_writes in [true, false] {
+        let lent = |options: NodeOptions| NodeOptions {
+            thread: Some(thread.clone()),
+            direct_log_writes,
+            ..options
+        };
+        restart_preserves_state(lent(NodeOptions::default()), 5).await;
+        restart_preserves_state(lent(small_snapshots()), 57).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lent_thread_applies_the_writes_its_appends_are_written_directly_and_the_loan_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let stats = writes_on_a_lent_thread(dir.path(), true).await;
+    if crate::direct_log_writes_work(dir.path()) {
+        assert_eq!(stats.log_direct_writes, stats.log_commits, "{stats:?}");
+    } else {
+        assert_eq!(stats.log_direct_writes, 0, "{stats:?}");
+        let names = thread_names();
+        assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_with_the_store() {
     let dir = tempfile::tempdir().unwrap();
+    let stats = writes_on_a_lent_thread(dir.path(), false).await;
+    assert_eq!(stats.log_direct_writes, 0, "{stats:?}");
+    if cfg!(target_os = "linux") {
+        let names = thread_names();
+        assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
+    }
+}
+
+/// Writes 20 keys to a store in `dir` whose raft runs on a lent thread,
+/// checking that they are applied there and that the loan ends with the
+/// store, then reads them back after a restart on a thread of its own.
+/// Returns the counters of the first store.
+async fn writes_on_a_lent_thread(dir: &Path, direct_log_writes: bool) -> StoreStats {
     let (thread, gone) = lent_thread();
     let applied_on = Arc::new(Mutex::new(Vec::new()));
     let seen = applied_on.clone();
@@ -364,9 +393,10 @@ async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_
     });
     let options = NodeOptions {
         thread: Some(thread),
+        direct_log_writes,
         ..NodeOptions::default()
     };
-    let node = StoreNode::open_disk_with(dir.path(), config(), hook, options)
+    let node = StoreNode::open_disk_with(dir, config(), hook, options)
         .await
         .expect("open store");
     let mut writes = tokio::task::JoinSet::new();
@@ -385,12 +415,9 @@ async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_
             .all(|name| name.as_deref() == Some("lent")),
         "raft ran on the lent thread: {applied_on:?}"
     );
-    if cfg!(target_os = "linux") {
-        let names = thread_names();
-        assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
-    }
     assert!(!gone.load(std::sync::atomic::Ordering::SeqCst));
-    assert!(node.stats().log_commits > 0);
+    let stats = node.stats();
+    assert!(stats.log_commits > 0);
     node.shutdown().await.unwrap();
     for _ in 0..500 {
         if gone.load(std::sync::atomic::Ordering::SeqCst) {
@@ -403,7 +430,7 @@ async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_
         "the lent thread ended once the store shut down"
     );
     // Everything written is there after a restart on a thread of its own.
-    let (node, _) = open(dir.path(), NodeOptions::default()).await;
+    let (node, _) = open(dir, NodeOptions::default()).await;
     for i in 0..20 {
         let key = format!("k{i}");
         assert!(
@@ -412,6 +439,7 @@ async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_
         );
     }
     node.shutdown().await.unwrap();
+    stats
 }
 
 /// Entries the closed store in `dir` has in its log.

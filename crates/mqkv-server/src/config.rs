@@ -89,6 +89,12 @@ pub struct ServerConfig {
     /// with disk storage keeps serving them while the disk syncs (durable SET at 64 clients on
     /// two CPUs: round 25 of `docs/bench/changes.md`).
     pub raft_thread: RaftThread,
+    /// With disk storage and raft on a connection thread, the log's appends are written with
+    /// direct I/O through io_uring (`O_DIRECT` with `RWF_DSYNC`: durable once done, no copy
+    /// into the page cache, no sync thread to wake), where the system allows it, and through
+    /// the page cache with an `fdatasync` on a sync thread otherwise or when this is off
+    /// (round 27 of `docs/bench/changes.md`).
+    pub direct_log_writes: bool,
 }
 
 impl Default for ServerConfig {
@@ -103,6 +109,7 @@ impl Default for ServerConfig {
             workers: None,
             pin_workers: true,
             raft_thread: RaftThread::Auto,
+            direct_log_writes: true,
         }
     }
 }
@@ -147,6 +154,7 @@ mod tests {
             workers = 3
             pin_workers = false
             raft_thread = "shared"
+            direct_log_writes = false
             [broker]
             max_packet_size = 1024
             max_queued_messages = 5
@@ -177,6 +185,11 @@ mod tests {
         assert!(!c.pin_workers, "memory storage, told not to pin");
         assert_eq!(c.raft_thread, RaftThread::Shared);
         assert_eq!(ServerConfig::default().raft_thread, RaftThread::Auto);
+        assert!(!c.direct_log_writes);
+        assert!(
+            ServerConfig::default().direct_log_writes,
+            "on unless told otherwise"
+        );
         for (text, kind) in [("own", RaftThread::Own), ("auto", RaftThread::Auto)] {
             let c: ServerConfig =
                 toml::from_str(&format!("raft_thread = \"{text}\"")).expect("valid");

@@ -91,6 +91,7 @@ impl Server {
                 let options = mqkv_raft::NodeOptions {
                     snapshot_log_bytes: store.snapshot_log_bytes,
                     thread,
+                    direct_log_writes: config.direct_log_writes,
                     ..mqkv_raft::NodeOptions::default()
                 };
                 StoreNode::open_disk_with(&config.data_dir, store_config, notifier.hook(), options)

@@ -95,6 +95,10 @@ struct ServeArgs {
     /// pinned one to every CPU, else its own), `own`, or `shared`.
     #[arg(long, value_parser = parse_raft_thread, value_name = "auto|own|shared")]
     raft_thread: Option<RaftThread>,
+    /// Write the log's appends with direct I/O through io_uring when raft shares a connection
+    /// thread (default: true; the page cache and a sync thread where the system refuses it).
+    #[arg(long, value_name = "BOOL")]
+    direct_log_writes: Option<bool>,
     /// Move a connection to the connection thread whose publishers send it (nearly) all its
     /// messages (default: true).
     #[arg(long, value_name = "BOOL")]
@@ -183,6 +187,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.raft_thread {
             c.raft_thread = v;
+        }
+        if let Some(v) = self.direct_log_writes {
+            c.direct_log_writes = v;
         }
         if let Some(v) = self.co_locate {
             c.broker.co_locate = v;

@@ -325,18 +325,22 @@ fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
         assert!(has(names, "mqkv-raft"), "{why}: {names:?}");
         assert!(!has(names, "mqkv-sync"), "{why}: {names:?}");
     };
-    let shared = |names: &[String], why: &str| {
+    // Sharing, the log's appends are written directly where the system allows it, and synced
+    // on a thread of their own otherwise.
+    let shared = |names: &[String], why: &str, direct: bool| {
         assert!(!has(names, "mqkv-raft"), "{why}: {names:?}");
-        assert!(has(names, "mqkv-sync"), "{why}: {names:?}");
+        assert_eq!(has(names, "mqkv-sync"), !direct, "{why}: {names:?}");
     };
 
     // The default: one pinned connection thread per CPU, so raft shares the last one.
     let dir = temp_dir("raft-auto");
+    // The data directory is made by the server, in the temporary directory probed here.
+    let direct = mqkv_raft::direct_log_writes_work(&std::env::temp_dir());
     let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
     let names = thread_names_after_a_write(&server);
     assert!(server.stop().success());
     if cpus > 1 {
-        shared(&names, "pinned on every CPU");
+        shared(&names, "pinned on every CPU", direct);
     } else {
         own(&names, "one CPU: nothing is pinned");
     }
@@ -364,9 +368,20 @@ fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
     );
     let names = thread_names_after_a_write(&server);
     assert!(server.stop().success());
-    shared(&names, "told to");
+    shared(&names, "told to", direct);
+    // Told not to write directly, the log syncs on a thread of its own.
+    let server = ServerProcess::start_disk(
+        &dir,
+        "127.0.0.1:0",
+        &["--raft-thread", "shared", "--direct-log-writes", "false"],
+    );
+    let names = thread_names_after_a_write(&server);
+    assert!(server.stop().success());
+    shared(&names, "told not to write directly", false);
     let _ = std::fs::remove_dir_all(&dir);
 
     let err = serve_refused(&["--listen", "127.0.0.1:0", "--raft-thread", "sometimes"]);
     assert!(err.contains("--raft-thread"), "names the flag: {err}");
+    let err = serve_refused(&["--listen", "127.0.0.1:0", "--direct-log-writes", "maybe"]);
+    assert!(err.contains("--direct-log-writes"), "names the flag: {err}");
 }
