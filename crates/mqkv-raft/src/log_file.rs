@@ -46,6 +46,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -587,6 +588,16 @@ fn allocate(segment: &mut Segment, to: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// Drops the (clean) cached pages of `len` bytes of `file` from `from` on;
+/// an advice the kernel may not take, so nothing is reported.
+fn drop_cached(file: &File, from: u64, len: u64) {
+    let (Ok(from), Ok(len)) = (i64::try_from(from), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: takes no pointers; the descriptor is open for the call.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), from, len, libc::POSIX_FADV_DONTNEED) };
+}
+
 /// Replays records in order, checking them as it goes.
 #[derive(Default)]
 struct Replay {
@@ -888,6 +899,11 @@ impl Segments {
         let end = current.len + staged.len() as u64;
         if end > current.allocated && (staged.len() as u64) < WRITE_PAST_ALLOCATED {
             allocate(current, end + ALLOCATE_AHEAD)?;
+            // A direct write over cached pages cannot be done without
+            // waiting, and io_uring hands it to a worker thread: the zeros
+            // just written leave the page cache.
+            let from = current.len & !(BLOCK - 1);
+            drop_cached(&current.file, from, current.allocated - from);
         }
         let start = current.len & !(BLOCK - 1);
         let padded = end.next_multiple_of(BLOCK);
