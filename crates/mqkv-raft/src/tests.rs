@@ -358,12 +358,11 @@ async fn restart_on_a_lent_thread_replays_the_log_and_loads_the_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lent_thread_applies_the_writes_its_appends_are_written_directly_and_the_loan_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let stats = writes_on_a_lent_thread(dir.path(), true).await;
+    let (stats, names) = writes_on_a_lent_thread(dir.path(), true).await;
     if crate::direct_log_writes_work(dir.path()) {
         assert_eq!(stats.log_direct_writes, stats.log_commits, "{stats:?}");
     } else {
         assert_eq!(stats.log_direct_writes, 0, "{stats:?}");
-        let names = thread_names();
         assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
     }
 }
@@ -371,10 +370,9 @@ async fn a_lent_thread_applies_the_writes_its_appends_are_written_directly_and_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_with_the_store() {
     let dir = tempfile::tempdir().unwrap();
-    let stats = writes_on_a_lent_thread(dir.path(), false).await;
+    let (stats, names) = writes_on_a_lent_thread(dir.path(), false).await;
     assert_eq!(stats.log_direct_writes, 0, "{stats:?}");
     if cfg!(target_os = "linux") {
-        let names = thread_names();
         assert!(names.iter().any(|n| n == "mqkv-sync"), "{names:?}");
     }
 }
@@ -382,8 +380,9 @@ async fn a_lent_thread_applies_the_writes_a_sync_thread_syncs_and_the_loan_ends_
 /// Writes 20 keys to a store in `dir` whose raft runs on a lent thread,
 /// checking that they are applied there and that the loan ends with the
 /// store, then reads them back after a restart on a thread of its own.
-/// Returns the counters of the first store.
-async fn writes_on_a_lent_thread(dir: &Path, direct_log_writes: bool) -> StoreStats {
+/// Returns the counters of the first store, and the process's threads
+/// while it was open.
+async fn writes_on_a_lent_thread(dir: &Path, direct_log_writes: bool) -> (StoreStats, Vec<String>) {
     let (thread, gone) = lent_thread();
     let applied_on = Arc::new(Mutex::new(Vec::new()));
     let seen = applied_on.clone();
@@ -418,6 +417,7 @@ async fn writes_on_a_lent_thread(dir: &Path, direct_log_writes: bool) -> StoreSt
     assert!(!gone.load(std::sync::atomic::Ordering::SeqCst));
     let stats = node.stats();
     assert!(stats.log_commits > 0);
+    let names = thread_names();
     node.shutdown().await.unwrap();
     for _ in 0..500 {
         if gone.load(std::sync::atomic::Ordering::SeqCst) {
@@ -439,7 +439,7 @@ async fn writes_on_a_lent_thread(dir: &Path, direct_log_writes: bool) -> StoreSt
         );
     }
     node.shutdown().await.unwrap();
-    stats
+    (stats, names)
 }
 
 /// Entries the closed store in `dir` has in its log.

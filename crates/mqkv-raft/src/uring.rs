@@ -3,8 +3,10 @@
 //!
 //! A write goes out with `RWF_DSYNC` to a file opened with `O_DIRECT`: it
 //! completes once its blocks are on stable storage, with no copy into the
-//! page cache, no sync of its own and no thread to wake for it. The ring's
-//! completions are signalled on an eventfd the runtime polls.
+//! page cache, no sync call and no thread of the process to wake for it
+//! (on a disk without FUA, the kernel flushes the disk's cache from a worker
+//! of its own). The ring's completions are signalled on an eventfd the
+//! runtime polls.
 //!
 //! One write is in flight at a time (raft awaits each append before the
 //! next). Its buffer and files are held here, not by the future awaiting it:
@@ -255,6 +257,13 @@ mod tests {
     use crate::types::{LogId, RaftEntry};
     use openraft::{CommittedLeaderId, EntryPayload};
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     fn entry(index: u64) -> Record {
         Record::Entry(RaftEntry {
             log_id: LogId::new(CommittedLeaderId::new(3, 1), index),
@@ -302,10 +311,7 @@ mod tests {
     /// read back from the file.
     #[test]
     fn direct_writes_leave_the_log_as_page_cache_writes_do() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let (plain_dir, direct_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (mut plain, _) = log_file::create(plain_dir.path(), 1, 64 << 20).unwrap();
         let (mut direct, _) = log_file::create(direct_dir.path(), 1, 64 << 20).unwrap();
@@ -365,10 +371,7 @@ mod tests {
     /// it starts from what the file holds.
     #[test]
     fn a_write_past_the_allocated_space_goes_through_the_page_cache() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let dir = tempfile::tempdir().unwrap();
         let (mut segments, _) = log_file::create(dir.path(), 1, 64 << 20).unwrap();
         let ring =
@@ -394,10 +397,7 @@ mod tests {
     /// with the ring, which waits for it before the next write.
     #[test]
     fn a_write_abandoned_in_flight_is_waited_for() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let dir = tempfile::tempdir().unwrap();
         if !direct_log_writes_work(dir.path()) {
             eprintln!("no direct writes on this system: nothing to abandon");

@@ -355,29 +355,20 @@ fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v");
     own(&names, "told to");
 
+    let names_with = |args: &[&str]| {
+        let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", args);
+        let names = thread_names_after_a_write(&server);
+        assert!(server.stop().success());
+        names
+    };
     // Unpinned threads leave the CPUs to the scheduler: raft keeps a thread of its own...
-    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &["--pin-workers", "false"]);
-    let names = thread_names_after_a_write(&server);
-    assert!(server.stop().success());
-    own(&names, "unpinned");
+    own(&names_with(&["--pin-workers", "false"]), "unpinned");
     // ...unless told to share.
-    let server = ServerProcess::start_disk(
-        &dir,
-        "127.0.0.1:0",
-        &["--pin-workers", "false", "--raft-thread", "shared"],
-    );
-    let names = thread_names_after_a_write(&server);
-    assert!(server.stop().success());
-    shared(&names, "told to", direct);
+    let told = names_with(&["--pin-workers", "false", "--raft-thread", "shared"]);
+    shared(&told, "told to", direct);
     // Told not to write directly, the log syncs on a thread of its own.
-    let server = ServerProcess::start_disk(
-        &dir,
-        "127.0.0.1:0",
-        &["--raft-thread", "shared", "--direct-log-writes", "false"],
-    );
-    let names = thread_names_after_a_write(&server);
-    assert!(server.stop().success());
-    shared(&names, "told not to write directly", false);
+    let told = names_with(&["--raft-thread", "shared", "--direct-log-writes", "false"]);
+    shared(&told, "told not to write directly", false);
     let _ = std::fs::remove_dir_all(&dir);
 
     let err = serve_refused(&["--listen", "127.0.0.1:0", "--raft-thread", "sometimes"]);
