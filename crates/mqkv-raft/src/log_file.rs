@@ -946,7 +946,12 @@ impl Segments {
             Some((at, head)) if at == start && head.len() == head_len => {
                 block[..head_len].copy_from_slice(&head);
             }
-            _ => current.file.read_exact_at(&mut block[..head_len], start)?,
+            _ => {
+                // Read through the page cache, which it then leaves: a
+                // cached block would hand the write to a worker thread.
+                current.file.read_exact_at(&mut block[..head_len], start)?;
+                drop_cached(&current.file, start, BLOCK);
+            }
         }
         block[head_len..head_len + staged.len()].copy_from_slice(&staged);
         let tail_start = end & !(BLOCK - 1);

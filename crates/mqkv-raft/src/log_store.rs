@@ -583,9 +583,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let elsewhere = self.shared.sync_elsewhere;
         let (written, direct) = {
             let mut log = self.shared.lock();
+            // The file to sync elsewhere, unless the append is a direct write.
             let written = log
                 .append(entries, &self.shared.counters, !elsewhere)
-                .and_then(|()| match elsewhere {
+                .and_then(|()| match elsewhere && log.pending.is_none() {
                     true => log.current_file(),
                     false => Ok(None),
                 });
