@@ -573,6 +573,17 @@ fn all_zero(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| *b == 0)
 }
 
+/// Allocates space ahead of a write of `len` bytes ending at `end` when it
+/// would reach past the space allocated, unless it is large (see
+/// [`WRITE_PAST_ALLOCATED`]); says whether it did.
+fn allocate_for(segment: &mut Segment, end: u64, len: usize) -> io::Result<bool> {
+    if end <= segment.allocated || len as u64 >= WRITE_PAST_ALLOCATED {
+        return Ok(false);
+    }
+    allocate(segment, end + ALLOCATE_AHEAD)?;
+    Ok(true)
+}
+
 /// Writes zeros from the end of `segment`'s allocated space up to `to`, and
 /// syncs them, so later appends into that space change no metadata.
 fn allocate(segment: &mut Segment, to: u64) -> io::Result<()> {
@@ -862,9 +873,7 @@ impl Segments {
             // Zeros written ahead of a large write would double what goes to
             // disk, while the size change it makes instead costs its sync
             // little next to its own data.
-            if end > current.allocated && (staged.len() as u64) < WRITE_PAST_ALLOCATED {
-                allocate(current, end + ALLOCATE_AHEAD)?;
-            }
+            allocate_for(current, end, staged.len())?;
             // A write that fails part way leaves bytes past `len`; the next
             // one writes over them.
             current.file.write_all_at(&staged, current.len)?;
@@ -897,8 +906,7 @@ impl Segments {
         let staged = std::mem::take(&mut self.staged);
         let current = self.current_mut()?;
         let end = current.len + staged.len() as u64;
-        if end > current.allocated && (staged.len() as u64) < WRITE_PAST_ALLOCATED {
-            allocate(current, end + ALLOCATE_AHEAD)?;
+        if allocate_for(current, end, staged.len())? {
             // A direct write over cached pages cannot be done without
             // waiting, and io_uring hands it to a worker thread: the zeros
             // just written leave the page cache.

@@ -13,14 +13,14 @@
 //! a future dropped mid-flight leaves them to the ring, which waits for the
 //! kernel to be done with them before the next write, and before it goes.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
 
-use io_uring::{opcode, types, IoUring};
+use io_uring::{opcode, squeue, types, IoUring};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -44,16 +44,7 @@ impl State {
     fn reap(&mut self) -> Option<(io::Result<()>, DirectWrite)> {
         let completion = self.ring.completion().next()?;
         let write = self.in_flight.take()?;
-        let len = write.bytes().len();
-        let result = match completion.result() {
-            n if n < 0 => Err(io::Error::from_raw_os_error(-n)),
-            n if n as usize == len => Ok(()),
-            n => Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                format!("a direct write of {len} bytes wrote {n}"),
-            )),
-        };
-        Some((result, write))
+        Some((outcome(completion.result(), write.bytes().len()), write))
     }
 
     /// Waits, blocking, for the write of a dropped future to complete.
@@ -167,15 +158,7 @@ impl Ring {
                 Some(write),
             ));
         };
-        let entry = opcode::Write::new(
-            types::Fd(write.direct.as_raw_fd()),
-            write.bytes().as_ptr(),
-            len,
-        )
-        .offset(write.offset)
-        .rw_flags(libc::RWF_DSYNC)
-        .build()
-        .user_data(WRITE);
+        let entry = durable_write(&write.direct, write.bytes().as_ptr(), len, write.offset);
         // SAFETY: the buffer and the file stay alive, held by the state,
         // until the write's completion is reaped (or for good).
         if unsafe { state.ring.submission().push(&entry) }.is_err() {
@@ -230,11 +213,7 @@ fn probe(path: &Path) -> io::Result<()> {
     let skip = buf.as_ptr().align_offset(block);
     let bytes = &buf[skip..skip + block];
     let mut ring = IoUring::new(2)?;
-    let entry = opcode::Write::new(types::Fd(file.as_raw_fd()), bytes.as_ptr(), BLOCK as u32)
-        .offset(0)
-        .rw_flags(libc::RWF_DSYNC)
-        .build()
-        .user_data(WRITE);
+    let entry = durable_write(&file, bytes.as_ptr(), BLOCK as u32, 0);
     // SAFETY: the write only reads `buf`, which outlives the wait below;
     // should the wait fail, the kernel holds the pages it reads from.
     unsafe { ring.submission().push(&entry) }.map_err(|_| io::Error::other("the ring is full"))?;
@@ -243,10 +222,28 @@ fn probe(path: &Path) -> io::Result<()> {
         .completion()
         .next()
         .ok_or_else(|| io::Error::other("no completion"))?;
-    match done.result() {
+    outcome(done.result(), block)
+}
+
+/// The entry writing `len` bytes from `bytes` at `offset` of `file`, done
+/// once they are durable.
+fn durable_write(file: &File, bytes: *const u8, len: u32, offset: u64) -> squeue::Entry {
+    opcode::Write::new(types::Fd(file.as_raw_fd()), bytes, len)
+        .offset(offset)
+        .rw_flags(libc::RWF_DSYNC)
+        .build()
+        .user_data(WRITE)
+}
+
+/// What a write of `len` bytes whose completion reported `result` did.
+fn outcome(result: i32, len: usize) -> io::Result<()> {
+    match result {
         n if n < 0 => Err(io::Error::from_raw_os_error(-n)),
-        n if n as usize == block => Ok(()),
-        n => Err(io::Error::other(format!("wrote {n} of {block} bytes"))),
+        n if n as usize == len => Ok(()),
+        n => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            format!("a direct write of {len} bytes wrote {n}"),
+        )),
     }
 }
 
