@@ -336,9 +336,13 @@ fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
     let dir = temp_dir("raft-auto");
     // The data directory is made by the server, in the temporary directory probed here.
     let direct = mqkv_raft::direct_log_writes_work(&std::env::temp_dir());
-    let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", &[]);
-    let names = thread_names_after_a_write(&server);
-    assert!(server.stop().success());
+    let names_with = |args: &[&str]| {
+        let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", args);
+        let names = thread_names_after_a_write(&server);
+        assert!(server.stop().success());
+        names
+    };
+    let names = names_with(&[]);
     if cpus > 1 {
         shared(&names, "pinned on every CPU", direct);
     } else {
@@ -355,12 +359,6 @@ fn raft_shares_a_connection_thread_when_they_take_every_cpu_or_when_told() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "v");
     own(&names, "told to");
 
-    let names_with = |args: &[&str]| {
-        let server = ServerProcess::start_disk(&dir, "127.0.0.1:0", args);
-        let names = thread_names_after_a_write(&server);
-        assert!(server.stop().success());
-        names
-    };
     // Unpinned threads leave the CPUs to the scheduler: raft keeps a thread of its own...
     own(&names_with(&["--pin-workers", "false"]), "unpinned");
     // ...unless told to share.
