@@ -946,8 +946,11 @@ impl Segments {
         let current = self.current_mut()?;
         let head_len = (current.len - start) as usize;
         let len = (padded - start) as usize;
-        buf.clear();
-        buf.resize(len + BLOCK as usize, 0);
+        // The buffer of an earlier write is written over, not cleared: only
+        // the block's end, past the new frames, needs zeros.
+        if buf.len() < len + BLOCK as usize {
+            buf.resize(len + BLOCK as usize, 0);
+        }
         let skip = buf.as_ptr().align_offset(BLOCK as usize);
         let block = &mut buf[skip..skip + len];
         match current.tail.take() {
@@ -962,6 +965,7 @@ impl Segments {
             }
         }
         block[head_len..head_len + staged.len()].copy_from_slice(&staged);
+        block[head_len + staged.len()..].fill(0);
         let tail_start = end & !(BLOCK - 1);
         let kept = (tail_start - start) as usize..(end - start) as usize;
         current.tail = Some((tail_start, block[kept].to_vec()));

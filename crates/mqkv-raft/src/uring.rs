@@ -332,8 +332,14 @@ mod tests {
                 direct.write(true).unwrap();
                 continue;
             }
+            // A buffer handed back by an earlier write holds its bytes: every
+            // other write gets one full of them, larger than it needs.
+            let buffer = match i % 2 {
+                0 => vec![0xA5; 64 << 10],
+                _ => Vec::new(),
+            };
             let write = direct
-                .direct_write(Vec::new())
+                .direct_write(buffer)
                 .unwrap()
                 .expect("a direct write");
             assert_eq!(write.offset % BLOCK, 0);

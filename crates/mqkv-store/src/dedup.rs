@@ -119,6 +119,10 @@ impl<'a> Probe<'a> {
         }
     }
 
+    fn of(id: &'a DedupId) -> Probe<'a> {
+        Probe::new(id.client_id.as_bytes(), &id.correlation)
+    }
+
     fn identity(&self) -> Identity {
         // Client ids are MQTT strings: at most 65,535 bytes.
         let len = u32::try_from(self.client_id.len()).unwrap_or(u32::MAX);
@@ -377,19 +381,50 @@ impl DedupTable {
         });
     }
 
-    /// The first answer to the request with this identity, if remembered
-    /// and not expired.
-    pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
-        let at = self.position(&Probe::new(id.client_id.as_bytes(), &id.correlation))?;
-        let remembered = &self.ring.get(at)?.remembered;
+    /// Looks a request's identity up once, for both [`Self::answer`] and
+    /// [`Self::remember_found`].
+    pub(crate) fn find(&self, id: &DedupId) -> Found {
+        let probe = Probe::of(id);
+        Found {
+            hash: probe.hash,
+            at: self.position(&probe),
+        }
+    }
+
+    /// The first answer to the request `found` is of, if remembered and not
+    /// expired, and for the same command.
+    pub(crate) fn answer(&self, found: &Found, fingerprint: u64, now_ms: u64) -> Option<Applied> {
+        let remembered = &self.ring.get(found.at?)?.remembered;
         (remembered.expires_at_ms > now_ms && remembered.fingerprint == fingerprint)
             .then(|| Applied::reply(remembered.response.clone(), remembered.version.clone()))
     }
 
+    /// The first answer to the request with this identity, if remembered
+    /// and not expired.
+    #[cfg(test)]
+    pub(crate) fn lookup(&self, id: &DedupId, fingerprint: u64, now_ms: u64) -> Option<Applied> {
+        self.answer(&self.find(id), fingerprint, now_ms)
+    }
+
     /// Remembers the answer to a request.
+    #[cfg(test)]
     pub(crate) fn remember(
         &mut self,
         id: &DedupId,
+        fingerprint: u64,
+        applied: &Applied,
+        now_ms: u64,
+    ) {
+        let found = self.find(id);
+        self.remember_found(id, found, fingerprint, applied, now_ms);
+    }
+
+    /// Remembers the answer to the request `found` is of. The table must not
+    /// have changed since [`Self::find`] gave `found`.
+    pub(crate) fn remember_found(
+        &mut self,
+        id: &DedupId,
+        found: Found,
         fingerprint: u64,
         applied: &Applied,
         now_ms: u64,
@@ -400,19 +435,30 @@ impl DedupTable {
         if expires_at_ms <= now_ms {
             return;
         }
-        let probe = Probe::new(id.client_id.as_bytes(), &id.correlation);
+        let probe = Probe {
+            hash: found.hash,
+            client_id: id.client_id.as_bytes(),
+            correlation: &id.correlation,
+        };
         let remembered = Remembered {
             expires_at_ms,
             fingerprint,
             response: applied.response.clone(),
             version: applied.version.clone(),
         };
-        let earlier = self.position(&probe);
-        if earlier.is_none() && self.len() >= CAPACITY {
+        if found.at.is_none() && self.len() >= CAPACITY {
             self.pop_front();
         }
-        self.insert(&probe, earlier, remembered);
+        self.insert(&probe, found.at, remembered);
     }
+}
+
+/// Where a request's identity is in a [`DedupTable`], found once for both
+/// answering a redelivery and remembering a first answer: its hash, and
+/// its answer's place in the ring if there is one.
+pub(crate) struct Found {
+    hash: u64,
+    at: Option<usize>,
 }
 
 /// A stable 64-bit fingerprint of a request: XXH3-64 (seed 0) over its wire
@@ -423,21 +469,29 @@ impl DedupTable {
 /// requests, if redelivered within the retention, run again.
 ///
 /// Computed on the apply path of every write, so a request whose encoding
-/// fits is encoded on the stack, and a larger one is hashed piece by piece
-/// as it would be encoded, its value where it lies: neither is copied into
-/// an allocation.
+/// fits is encoded into a buffer the thread keeps (no allocation, and no
+/// zeroing first), and a larger one is hashed piece by piece as it would be
+/// encoded, its value where it lies: neither is copied into an allocation
+/// of its own.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
-    const ON_STACK: usize = 512;
-    if command.encoded_len_bound() > ON_STACK {
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        command.encode_pieces(|piece| hasher.update(piece));
-        return hasher.digest();
+    const KEPT: usize = 4096;
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(KEPT));
     }
-    let mut buf = [0u8; ON_STACK];
-    let mut rest = &mut buf[..];
-    command.encode_into(&mut rest);
-    let written = ON_STACK - rest.len();
-    xxhash_rust::xxh3::xxh3_64(&buf[..written])
+    if command.encoded_len_bound() <= KEPT {
+        let hashed = BUF.with(|buf| {
+            let mut buf = buf.try_borrow_mut().ok()?;
+            buf.clear();
+            command.encode_into(&mut *buf);
+            Some(xxhash_rust::xxh3::xxh3_64(&buf))
+        });
+        if let Some(hash) = hashed {
+            return hash;
+        }
+    }
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    command.encode_pieces(|piece| hasher.update(piece));
+    hasher.digest()
 }
 
 /// Serialized as a flat list of `((client id, correlation data), answer)`,
@@ -501,12 +555,14 @@ mod tests {
         assert_eq!(fingerprint(&get), PINNED_GET_K);
     }
 
-    /// Small requests are encoded on the stack and large ones into an
-    /// allocation; both must give the hash of the wire encoding.
+    /// Small requests are encoded into the thread's buffer and large ones
+    /// hashed piece by piece; both must give the hash of the wire encoding,
+    /// whatever the buffer held before (the sizes go up, then down again).
     #[test]
     fn fingerprint_is_the_hash_of_the_encoding_at_every_size() {
         for len in [
-            0, 1, 400, 460, 470, 480, 487, 488, 489, 500, 511, 512, 513, 4096, 65536, 1048576,
+            0, 1, 400, 512, 513, 4000, 4040, 4050, 4060, 4064, 4070, 4080, 4096, 4097, 65536,
+            1048576, 4060, 3, 0,
         ] {
             let command = set_cmd("k", &"v".repeat(len), None, Some(1_000));
             assert_eq!(

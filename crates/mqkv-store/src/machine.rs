@@ -212,16 +212,18 @@ impl StateMachine {
                     .dedup
                     .as_ref()
                     .filter(|_| request.command.is_write());
-                let fingerprint = dedup.map(|_| crate::dedup::fingerprint(&request.command));
-                if let (Some(id), Some(fp)) = (dedup, fingerprint) {
-                    if let Some(first) = self.dedup.lookup(id, fp, now) {
-                        return first;
-                    }
+                let Some(id) = dedup else {
+                    return self.apply_request(request, now);
+                };
+                let fingerprint = crate::dedup::fingerprint(&request.command);
+                let found = self.dedup.find(id);
+                if let Some(first) = self.dedup.answer(&found, fingerprint, now) {
+                    return first;
                 }
+                // The request leaves the table as it is, so `found` still holds.
                 let applied = self.apply_request(request, now);
-                if let (Some(id), Some(fp)) = (dedup, fingerprint) {
-                    self.dedup.remember(id, fp, &applied, now);
-                }
+                self.dedup
+                    .remember_found(id, found, fingerprint, &applied, now);
                 applied
             }
         }
