@@ -461,6 +461,10 @@ pub(crate) struct Found {
     at: Option<usize>,
 }
 
+/// Longest encoding (as [`mqkv_protocol::Command::encoded_len_bound`] bounds
+/// it) that [`fingerprint`] encodes into the thread's kept buffer.
+const FINGERPRINT_KEPT: usize = 4096;
+
 /// A stable 64-bit fingerprint of a request: XXH3-64 (seed 0) over its wire
 /// encoding, the same on every replica and across versions, unlike `std`'s
 /// hasher, and fast enough for large values (the byte-at-a-time FNV-1a it
@@ -474,7 +478,7 @@ pub(crate) struct Found {
 /// encoded, its value where it lies: neither is copied into an allocation
 /// of its own.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
-    const KEPT: usize = 4096;
+    const KEPT: usize = FINGERPRINT_KEPT;
     thread_local! {
         static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(KEPT));
     }
@@ -560,11 +564,32 @@ mod tests {
     /// whatever the buffer held before (the sizes go up, then down again).
     #[test]
     fn fingerprint_is_the_hash_of_the_encoding_at_every_size() {
+        let set_of = |len: usize| set_cmd("k", &"v".repeat(len), None, Some(1_000));
+        // The longest value whose request is encoded into the kept buffer.
+        let edge = (0..FINGERPRINT_KEPT)
+            .rev()
+            .find(|&len| set_of(len).encoded_len_bound() <= FINGERPRINT_KEPT)
+            .expect("a short SET fits");
+        assert!(set_of(edge + 1).encoded_len_bound() > FINGERPRINT_KEPT);
         for len in [
-            0, 1, 400, 512, 513, 4000, 4040, 4050, 4060, 4064, 4070, 4080, 4096, 4097, 65536,
-            1048576, 4060, 3, 0,
+            0,
+            1,
+            400,
+            512,
+            513,
+            edge - 1,
+            edge,
+            edge + 1,
+            edge + 2,
+            4096,
+            65536,
+            1048576,
+            edge,
+            edge + 1,
+            3,
+            0,
         ] {
-            let command = set_cmd("k", &"v".repeat(len), None, Some(1_000));
+            let command = set_of(len);
             assert_eq!(
                 fingerprint(&command),
                 xxhash_rust::xxh3::xxh3_64(&command.encode()),
