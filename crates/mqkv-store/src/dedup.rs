@@ -119,10 +119,6 @@ impl<'a> Probe<'a> {
         }
     }
 
-    fn of(id: &'a DedupId) -> Probe<'a> {
-        Probe::new(id.client_id.as_bytes(), &id.correlation)
-    }
-
     fn identity(&self) -> Identity {
         // Client ids are MQTT strings: at most 65,535 bytes.
         let len = u32::try_from(self.client_id.len()).unwrap_or(u32::MAX);
@@ -384,7 +380,7 @@ impl DedupTable {
     /// Looks a request's identity up once, for both [`Self::answer`] and
     /// [`Self::remember_found`].
     pub(crate) fn find(&self, id: &DedupId) -> Found {
-        let probe = Probe::of(id);
+        let probe = Probe::new(id.client_id.as_bytes(), &id.correlation);
         Found {
             hash: probe.hash,
             at: self.position(&probe),
@@ -478,11 +474,11 @@ const FINGERPRINT_KEPT: usize = 4096;
 /// encoded, its value where it lies: neither is copied into an allocation
 /// of its own.
 pub(crate) fn fingerprint(command: &mqkv_protocol::Command) -> u64 {
-    const KEPT: usize = FINGERPRINT_KEPT;
     thread_local! {
-        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(Vec::with_capacity(KEPT));
+        static BUF: std::cell::RefCell<Vec<u8>> =
+            std::cell::RefCell::new(Vec::with_capacity(FINGERPRINT_KEPT));
     }
-    if command.encoded_len_bound() <= KEPT {
+    if command.encoded_len_bound() <= FINGERPRINT_KEPT {
         let hashed = BUF.with(|buf| {
             let mut buf = buf.try_borrow_mut().ok()?;
             buf.clear();
