@@ -590,7 +590,51 @@ struct Conn {
 struct Queued {
     work: Work,
     /// PUBACK or PUBREC to send once it is this publish's turn; none at QoS 0.
-    ack: Option<Packet>,
+    ack: Option<PendingAck>,
+}
+
+/// A PUBACK or PUBREC still to send: a few bytes where the packet it becomes takes hundreds,
+/// so queueing and moving it stays cheap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PendingAck {
+    /// PUBREC (QoS 2) rather than PUBACK (QoS 1).
+    rec: bool,
+    packet_id: u16,
+    reason_code: u8,
+}
+
+impl PendingAck {
+    fn packet(self) -> Packet {
+        let ack = Ack {
+            packet_id: self.packet_id,
+            reason_code: self.reason_code,
+            ..Default::default()
+        };
+        if self.rec {
+            Packet::PubRec(ack)
+        } else {
+            Packet::PubAck(ack)
+        }
+    }
+}
+
+/// Where a synchronous pass over the received packets stopped (see `Conn::process_ready`).
+enum Step {
+    /// No whole packet left.
+    Drained,
+    /// A publish for a service, with the Receive Maximum of publishes queued already. Boxed,
+    /// as is the DISCONNECT: both are rare, and every pass's result stays small to move.
+    Room(Box<Handoff>),
+    /// A DISCONNECT, handled once the queued publishes are done.
+    Disconnect(Box<codec::Disconnect>),
+}
+
+/// A publish to give to the service that claims its topic, with the acknowledgement it gets once
+/// its work is done.
+struct Handoff {
+    service: Arc<dyn Service>,
+    publish: ServicePublish,
+    ack: Option<PendingAck>,
 }
 
 // Held unboxed like [`Handled`]: an allocation per request costs more than the moves.
@@ -635,17 +679,17 @@ enum Received {
 struct Violation(u8);
 
 /// The acknowledgement a publish of `qos` gets: PUBACK, PUBREC, or none at QoS 0.
-fn ack_for(qos: QoS, packet_id: u16, reason_code: u8) -> Option<Packet> {
-    let ack = Ack {
+fn ack_for(qos: QoS, packet_id: u16, reason_code: u8) -> Option<PendingAck> {
+    let rec = match qos {
+        QoS::AtMostOnce => return None,
+        QoS::AtLeastOnce => false,
+        QoS::ExactlyOnce => true,
+    };
+    Some(PendingAck {
+        rec,
         packet_id,
         reason_code,
-        ..Default::default()
-    };
-    match qos {
-        QoS::AtMostOnce => None,
-        QoS::AtLeastOnce => Some(Packet::PubAck(ack)),
-        QoS::ExactlyOnce => Some(Packet::PubRec(ack)),
-    }
+    })
 }
 
 impl Conn {
@@ -995,9 +1039,44 @@ impl Conn {
         max_in: usize,
     ) -> Result<Option<End>, Violation> {
         loop {
+            // Everything but the two waits below is done in one synchronous pass: no packet is
+            // moved into a future of its own on its way to a service.
+            let step =
+                std::future::poll_fn(|cx| Poll::Ready(self.process_ready(buf, max_in, cx))).await?;
+            match step {
+                Step::Drained => return Ok(None),
+                Step::Room(handoff) => {
+                    // The Receive Maximum of publishes is queued already: wait for the oldest.
+                    self.wait_for_room().await;
+                    let mut handoff = Some(handoff);
+                    std::future::poll_fn(|cx| {
+                        if let Some(h) = handoff.take() {
+                            self.hand_over(*h, cx);
+                        }
+                        Poll::Ready(())
+                    })
+                    .await;
+                }
+                Step::Disconnect(d) => {
+                    // Every answer and acknowledgement first.
+                    self.finish_queued().await;
+                    return self.disconnect(&d).map(Some);
+                }
+            }
+        }
+    }
+
+    /// Handles whole packets from `buf` until none is left or one has to wait (see [`Step`]).
+    fn process_ready(
+        &mut self,
+        buf: &mut BytesMut,
+        max_in: usize,
+        cx: &mut Context<'_>,
+    ) -> Result<Step, Violation> {
+        loop {
             let packet = match codec::decode(buf, Some(self.level), max_in) {
                 Ok(Some(p)) => p,
-                Ok(None) => return Ok(None),
+                Ok(None) => return Ok(Step::Drained),
                 Err(e) => return Err(Violation(e.reason_code())),
             };
             if matches!(
@@ -1007,7 +1086,14 @@ impl Conn {
                 self.inner.touch();
             }
             match packet {
-                Packet::Publish(p) => self.publish(p).await?,
+                Packet::Publish(p) => {
+                    if let Some(handoff) = self.publish(p)? {
+                        if self.queued.len() >= self.work_limit() {
+                            return Ok(Step::Room(Box::new(handoff)));
+                        }
+                        self.hand_over(handoff, cx);
+                    }
+                }
                 Packet::PubAck(a) | Packet::PubComp(a) => {
                     self.session.complete(self.conn_id, a.packet_id);
                 }
@@ -1055,24 +1141,7 @@ impl Conn {
                     }));
                 }
                 Packet::PingReq => self.send(Packet::PingResp),
-                Packet::Disconnect(d) => {
-                    // Every answer and acknowledgement first.
-                    self.finish_queued().await;
-                    if let Some(new_expiry) = d.properties.session_expiry_interval {
-                        if self.session_expiry == 0 && new_expiry != 0 {
-                            return Err(Violation(reason::PROTOCOL_ERROR));
-                        }
-                        let granted = new_expiry.min(self.inner.config.max_session_expiry);
-                        self.session_expiry = granted;
-                        self.session.state.lock().expiry_interval = granted;
-                    }
-                    self.session.close(self.conn_id, None);
-                    return Ok(Some(if d.reason_code == reason::DISCONNECT_WITH_WILL {
-                        End::Abnormal
-                    } else {
-                        End::Normal
-                    }));
-                }
+                Packet::Disconnect(d) => return Ok(Step::Disconnect(Box::new(d))),
                 Packet::Auth(_) => return Err(Violation(reason::PROTOCOL_ERROR)),
                 Packet::Connect(_)
                 | Packet::ConnAck(_)
@@ -1083,7 +1152,28 @@ impl Conn {
         }
     }
 
-    async fn publish(&mut self, mut p: codec::Publish) -> Result<(), Violation> {
+    /// Takes a DISCONNECT's session expiry and closes the session; how the connection ended.
+    fn disconnect(&mut self, d: &codec::Disconnect) -> Result<End, Violation> {
+        if let Some(new_expiry) = d.properties.session_expiry_interval {
+            if self.session_expiry == 0 && new_expiry != 0 {
+                return Err(Violation(reason::PROTOCOL_ERROR));
+            }
+            let granted = new_expiry.min(self.inner.config.max_session_expiry);
+            self.session_expiry = granted;
+            self.session.state.lock().expiry_interval = granted;
+        }
+        self.session.close(self.conn_id, None);
+        Ok(if d.reason_code == reason::DISCONNECT_WITH_WILL {
+            End::Abnormal
+        } else {
+            End::Normal
+        })
+    }
+
+    /// Checks and routes a PUBLISH, and acknowledges it unless a service claims its topic: then
+    /// it is returned, for [`Conn::hand_to_service`]. Not `async`, so the packet is not moved
+    /// into a future of its own on its way.
+    fn publish(&mut self, mut p: codec::Publish) -> Result<Option<Handoff>, Violation> {
         let v5 = self.v5();
         // Topic alias.
         if let Some(alias) = p.properties.topic_alias.take() {
@@ -1133,11 +1223,12 @@ impl Conn {
             if st.incoming_qos2.contains(&p.packet_id) {
                 // A redelivery of a message already accepted: acknowledge it again only.
                 drop(st);
-                self.acknowledge(Packet::PubRec(Ack {
+                self.acknowledge(PendingAck {
+                    rec: true,
                     packet_id: p.packet_id,
-                    ..Default::default()
-                }));
-                return Ok(());
+                    reason_code: reason::SUCCESS,
+                });
+                return Ok(None);
             }
             if st.incoming_qos2.len() >= usize::from(self.inner.config.receive_maximum) {
                 return Err(Violation(reason::RECEIVE_MAXIMUM_EXCEEDED));
@@ -1159,9 +1250,11 @@ impl Conn {
                 properties: p.properties,
                 from: self.ident.clone(),
             };
-            let ack = ack_for(p.qos, p.packet_id, code);
-            self.hand_to_service(service, sp, ack).await;
-            return Ok(());
+            return Ok(Some(Handoff {
+                service,
+                publish: sp,
+                ack: ack_for(p.qos, p.packet_id, code),
+            }));
         } else {
             let msg = Arc::new(Message {
                 expires_at: p
@@ -1183,18 +1276,18 @@ impl Conn {
         if let Some(ack) = ack_for(p.qos, p.packet_id, code) {
             self.acknowledge(ack);
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Sends an acknowledgement, after the answers and acknowledgements of the publishes still
     /// queued: they arrived first.
-    fn acknowledge(&mut self, ack: Packet) {
+    fn acknowledge(&mut self, ack: PendingAck) {
         self.finished(None, Some(ack));
     }
 
     /// A publish whose work is done: its answer is published and its acknowledgement sent now,
     /// or after those of the publishes still queued.
-    fn finished(&mut self, answer: Option<OutboundMessage>, ack: Option<Packet>) {
+    fn finished(&mut self, answer: Option<OutboundMessage>, ack: Option<PendingAck>) {
         if self.queued.is_empty() {
             self.answer_and_ack(answer, ack);
         } else if answer.is_some() || ack.is_some() {
@@ -1205,28 +1298,35 @@ impl Conn {
         }
     }
 
-    fn answer_and_ack(&self, answer: Option<OutboundMessage>, ack: Option<Packet>) {
+    fn answer_and_ack(&self, answer: Option<OutboundMessage>, ack: Option<PendingAck>) {
         if let Some(answer) = answer {
             self.inner.publish(answer);
         }
         if let Some(ack) = ack {
-            self.send(ack);
+            self.send(ack.packet());
+        }
+    }
+
+    /// How many publishes may be queued (under way or waiting) before the next one waits.
+    fn work_limit(&self) -> usize {
+        usize::from(self.inner.config.receive_maximum).max(1)
+    }
+
+    /// Waits until fewer than [`Conn::work_limit`] publishes are queued.
+    async fn wait_for_room(&mut self) {
+        while self.queued.len() >= self.work_limit() {
+            std::future::poll_fn(|cx| self.poll_queued(cx)).await;
         }
     }
 
     /// Hands a publish to its service and goes on: its acknowledgement is sent once the work
     /// has finished and the earlier publishes have been acknowledged (see [`crate::service`]).
-    /// With the Receive Maximum of publishes queued already, first waits for the oldest.
-    async fn hand_to_service(
-        &mut self,
-        service: Arc<dyn Service>,
-        publish: ServicePublish,
-        ack: Option<Packet>,
-    ) {
-        let limit = usize::from(self.inner.config.receive_maximum).max(1);
-        while self.queued.len() >= limit {
-            std::future::poll_fn(|cx| self.poll_queued(cx)).await;
-        }
+    fn hand_over(&mut self, handoff: Handoff, cx: &mut Context<'_>) {
+        let Handoff {
+            service,
+            publish,
+            ack,
+        } = handoff;
         let work = if matches!(
             self.queued.back(),
             Some(Queued {
@@ -1238,12 +1338,7 @@ impl Conn {
             Work::NotStarted(Box::new(publish), service)
         } else {
             let earlier = !self.queued.is_empty();
-            let mut publish = Some(publish);
-            std::future::poll_fn(|cx| {
-                Poll::Ready(publish.take().map(|p| self.start(&service, p, earlier, cx)))
-            })
-            .await
-            .unwrap_or(Work::Done(None))
+            self.start(&service, publish, earlier, cx)
         };
         match work {
             Work::Done(answer) => self.finished(answer, ack),
