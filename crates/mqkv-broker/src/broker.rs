@@ -510,7 +510,7 @@ impl Inner {
         let mut expired = Vec::new();
         {
             let retained = self.retained.read();
-            if !filter.contains(['+', '#']) {
+            if !topic::has_wildcard(filter) {
                 if let Some(m) = retained.get(filter) {
                     if m.expired(now) {
                         expired.push(m.topic.clone());

@@ -3,7 +3,12 @@
 /// A topic name a client may publish to: non-empty, no wildcards.
 pub fn valid_topic_name(t: &str) -> bool {
     // Bytes, not chars: both wildcards are ASCII, and no byte of a multi-byte UTF-8 sequence is.
-    !t.is_empty() && t.len() <= u16::MAX as usize && !t.bytes().any(|b| b == b'+' || b == b'#')
+    !t.is_empty() && t.len() <= u16::MAX as usize && !has_wildcard(t)
+}
+
+/// Whether `t` holds a `+` or a `#` anywhere.
+pub fn has_wildcard(t: &str) -> bool {
+    memchr::memchr2(b'+', b'#', t.as_bytes()).is_some()
 }
 
 /// A topic filter: `#` only as the whole last level, `+` only as a whole level.
@@ -56,7 +61,7 @@ pub fn parse_filter(f: &str) -> Option<FilterSpec<'_>> {
 /// Whether `filter` matches `topic`. Topics starting with `$` are not matched by a filter whose
 /// first level is a wildcard.
 pub fn matches(filter: &str, topic: &str) -> bool {
-    if !filter.contains(['+', '#']) {
+    if !has_wildcard(filter) {
         return filter == topic;
     }
     if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {

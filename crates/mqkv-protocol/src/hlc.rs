@@ -84,12 +84,18 @@ impl Hlc {
     /// sign (`+`/`-`, which Go's `ParseInt` would allow for ms), any other
     /// non-digit (so no decimals or whitespace), and overflow.
     pub fn parse(text: &str) -> Result<Hlc, HlcError> {
-        let mut parts = text.split(':');
-        let (Some(ms), Some(counter), Some(node_id), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
+        let mut colons = memchr::memchr_iter(b':', text.as_bytes());
+        let (Some(first), Some(second), None) = (colons.next(), colons.next(), colons.next())
         else {
             return Err(HlcError::WrongPartCount);
         };
+        // Cut at ASCII bytes, so on character boundaries.
+        let part = |from: usize, to: usize| text.get(from..to).ok_or(HlcError::WrongPartCount);
+        let (ms, counter, node_id) = (
+            part(0, first)?,
+            part(first + 1, second)?,
+            part(second + 1, text.len())?,
+        );
         Ok(Hlc {
             wall_ms: parse_decimal(ms).ok_or(HlcError::BadWallClock)?,
             counter: parse_decimal(counter).ok_or(HlcError::BadCounter)?,

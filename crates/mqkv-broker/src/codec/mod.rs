@@ -277,7 +277,7 @@ pub(crate) fn read_string(buf: &mut Bytes) -> Result<String, DecodeError> {
         .get(..len)
         .ok_or(DecodeError::Malformed("binary data truncated"))?;
     let s = std::str::from_utf8(raw).map_err(|_| DecodeError::Malformed("invalid UTF-8 string"))?;
-    if raw.contains(&0) {
+    if memchr::memchr(0, raw).is_some() {
         return Err(DecodeError::Malformed("string contains U+0000"));
     }
     let owned = s.to_owned();
@@ -1054,6 +1054,50 @@ mod tests {
             "{} bytes",
             std::mem::size_of::<Properties>()
         );
+    }
+
+    #[test]
+    fn strings_are_checked_ascii_or_not() {
+        fn read(raw: &[u8]) -> Result<String, DecodeError> {
+            let mut encoded = BytesMut::new();
+            encoded.put_u16(raw.len() as u16);
+            encoded.put_slice(raw);
+            encoded.put_u8(b'!');
+            let mut buf = encoded.freeze();
+            let read = read_string(&mut buf);
+            if read.is_ok() {
+                assert_eq!(&buf[..], b"!", "consumed exactly the string");
+            }
+            read
+        }
+        let long_ascii = "statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/command/invoke";
+        for ok in [
+            "",
+            "a",
+            long_ascii,
+            "caf\u{e9}",
+            "\u{1f600}/topic",
+            "x/\u{7ff}/\u{ffff}",
+        ] {
+            assert_eq!(read(ok.as_bytes()).as_deref(), Ok(ok), "{ok:?}");
+        }
+        let invalid = Err(DecodeError::Malformed("invalid UTF-8 string"));
+        let nul = Err(DecodeError::Malformed("string contains U+0000"));
+        let mut nul_late = long_ascii.as_bytes().to_vec();
+        nul_late.push(0);
+        let cases: [(&[u8], _); 8] = [
+            (b"\xff", invalid.clone()),
+            (b"abc\xc0\x80", invalid.clone()),
+            (b"\x80abc", invalid.clone()),
+            (b"caf\xc3", invalid.clone()),
+            (b"\xed\xa0\x80", invalid.clone()),
+            (b"\0", nul.clone()),
+            (&nul_late, nul.clone()),
+            ("caf\u{e9}\0".as_bytes(), nul.clone()),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(read(raw), want, "{raw:?}");
+        }
     }
 
     #[test]
