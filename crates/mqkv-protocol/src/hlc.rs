@@ -140,24 +140,39 @@ impl Hlc {
     /// allocation of the exact size (every response and notification
     /// carries one).
     pub fn to_text(&self) -> String {
-        let wall = Decimal::new(self.wall_ms);
         let counter = Decimal::new(self.counter);
-        let width = |digits: &[u8], min: usize| digits.len().max(min);
-        let len =
-            width(wall.as_bytes(), 15) + width(counter.as_bytes(), 5) + 2 + self.node_id.len();
-        let mut text = String::with_capacity(len);
-        push_padded(&mut text, wall.as_bytes(), 15);
-        text.push(':');
-        push_padded(&mut text, counter.as_bytes(), 5);
-        text.push(':');
-        text.push_str(&self.node_id);
-        text
+        WALL_TEXT.with_borrow_mut(|(wall_ms, wall)| {
+            // Versions issued within one millisecond share their first part:
+            // formatted once per millisecond and thread, copied after that.
+            if *wall_ms != Some(self.wall_ms) {
+                wall.clear();
+                push_padded(wall, Decimal::new(self.wall_ms).as_bytes(), 15);
+                *wall_ms = Some(self.wall_ms);
+            }
+            let len = wall.len() + 1 + counter.as_bytes().len().max(5) + 1 + self.node_id.len();
+            let mut text = String::with_capacity(len);
+            text.push_str(wall);
+            text.push(':');
+            push_padded(&mut text, counter.as_bytes(), 5);
+            text.push(':');
+            text.push_str(&self.node_id);
+            text
+        })
     }
+}
+
+thread_local! {
+    /// The wall clock part of the last [`Hlc::to_text`] on this thread, and
+    /// the milliseconds it spells.
+    static WALL_TEXT: std::cell::RefCell<(Option<u64>, String)> =
+        const { std::cell::RefCell::new((None, String::new())) };
 }
 
 /// Appends ASCII `digits`, zero-padded to at least `width`.
 fn push_padded(text: &mut String, digits: &[u8], width: usize) {
-    text.extend(std::iter::repeat_n('0', width.saturating_sub(digits.len())));
+    const ZEROS: &str = "000000000000000";
+    let pad = width.saturating_sub(digits.len());
+    text.push_str(ZEROS.get(..pad).unwrap_or(ZEROS));
     text.extend(digits.iter().map(|&d| char::from(d)));
 }
 
@@ -254,6 +269,27 @@ mod tests {
             Hlc::new(u64::MAX, 123_456, "n").to_string(),
             "18446744073709551615:123456:n"
         );
+    }
+
+    #[test]
+    fn text_of_versions_sharing_and_changing_milliseconds() {
+        // The wall clock text is kept between calls on a thread: a run of versions within one
+        // millisecond, then others, then back, each spelled out in full.
+        let walls = [
+            1_795_318_897_606,
+            1_795_318_897_606,
+            1_795_318_897_607,
+            0,
+            1_795_318_897_606,
+        ];
+        for (i, wall) in walls.into_iter().chain([u64::MAX, 9, 9]).enumerate() {
+            for (counter, node) in [(0, "a"), (1, "node-b"), (99_999, "a"), (123_456, "")] {
+                let hlc = Hlc::new(wall, counter + i as u64, node);
+                let layout = format!("{:015}:{:05}:{}", wall, counter + i as u64, node);
+                assert_eq!(hlc.to_text(), layout);
+                assert_eq!(hlc.to_text().len(), layout.len());
+            }
+        }
     }
 
     #[test]

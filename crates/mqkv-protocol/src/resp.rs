@@ -292,6 +292,24 @@ mod tests {
     }
 
     #[test]
+    fn a_line_ends_at_the_first_crlf_only() {
+        // A carriage return without its line feed belongs to the line.
+        for (buf, line, rest) in [
+            (&b"abc\r\nx"[..], Some(&b"abc"[..]), &b"x"[..]),
+            (b"\r\n", Some(b""), b""),
+            (b"a\rb\r\n", Some(b"a\rb"), b""),
+            (b"\r\r\n\r\n", Some(b"\r"), b"\r\n"),
+            (b"ab\r", None, b"ab\r"),
+            (b"ab\n\r", None, b"ab\n\r"),
+            (b"", None, b""),
+        ] {
+            let mut r = Reader::new(buf);
+            assert_eq!(r.line().ok(), line, "{buf:?}");
+            assert_eq!(&buf[r.pos..], rest, "{buf:?}");
+        }
+    }
+
+    #[test]
     fn signed_lines() {
         let mut r = Reader::new(b"-9223372036854775808\r\n");
         assert_eq!(r.signed_line(), Ok(i64::MIN));
