@@ -671,20 +671,25 @@ impl<'a> PublishRef<'a> {
         }
     }
 
-    fn remaining(&self, level: u8) -> usize {
+    /// The property block's length without its length prefix, where the level has properties.
+    fn properties_body(&self, level: u8) -> Option<usize> {
+        (level == V5).then(|| self.properties.body_len_with(&self.per_receiver))
+    }
+
+    fn remaining(&self, properties_body: Option<usize>) -> usize {
         let mut n = 2 + self.topic.len() + self.payload.len();
         if self.qos != QoS::AtMostOnce {
             n += 2;
         }
-        if level == V5 {
-            n += self.properties.encoded_len_with(&self.per_receiver);
+        if let Some(body) = properties_body {
+            n += varint_len(body) + body;
         }
         n
     }
 
     /// The whole packet's size on the wire.
     pub fn size(&self, level: u8) -> usize {
-        let remaining = self.remaining(level);
+        let remaining = self.remaining(self.properties_body(level));
         1 + varint_len(remaining) + remaining
     }
 
@@ -697,13 +702,16 @@ impl<'a> PublishRef<'a> {
         if self.retain {
             h |= 0x01;
         }
-        put_header(out, h, self.remaining(level));
+        // Measured once: the length goes both into the fixed header and before the properties.
+        let properties_body = self.properties_body(level);
+        put_header(out, h, self.remaining(properties_body));
         write_bin(out, self.topic.as_bytes());
         if self.qos != QoS::AtMostOnce {
             out.put_u16(self.packet_id);
         }
-        if level == V5 {
-            self.properties.encode_with(out, &self.per_receiver);
+        if let Some(body) = properties_body {
+            self.properties
+                .encode_with_body_len(out, &self.per_receiver, body);
         }
         out.put_slice(self.payload);
     }

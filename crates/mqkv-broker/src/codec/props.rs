@@ -388,17 +388,15 @@ impl Properties {
         self.encode_with(out, &self.per_receiver());
     }
 
-    /// Encoded length with `over` in place of the block's own per-receiver values, length
-    /// prefix included.
-    pub fn encoded_len_with(&self, over: &PerReceiver<'_>) -> usize {
-        let n = self.body_len_with(over);
-        varint_len(n) + n
-    }
-
     /// Writes the property block with `over` in place of the block's own per-receiver values,
     /// length prefix first.
     pub fn encode_with(&self, out: &mut BytesMut, over: &PerReceiver<'_>) {
-        super::write_varint(out, self.body_len_with(over));
+        self.encode_with_body_len(out, over, self.body_len_with(over));
+    }
+
+    /// [`Properties::encode_with`], given the block's [`Properties::body_len_with`].
+    pub fn encode_with_body_len(&self, out: &mut BytesMut, over: &PerReceiver<'_>, body: usize) {
+        super::write_varint(out, body);
         fn s(out: &mut BytesMut, id: u8, v: Option<&str>) {
             if let Some(v) = v {
                 out.put_u8(id);
