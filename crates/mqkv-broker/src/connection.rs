@@ -312,13 +312,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         pending: BytesMut::new(),
     }));
     session.set_writer(conn_id, wr.clone());
-    let writer = tokio::spawn(write_loop(
-        session.clone(),
-        conn_id,
-        notify.clone(),
-        wr.clone(),
-        level,
-    ));
+    let writer = WriterTask::spawn(session.clone(), conn_id, notify.clone(), wr.clone(), level);
     let conn = Conn {
         inner: inner.clone(),
         session: session.clone(),
@@ -489,6 +483,55 @@ async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -
         if !session.has_ready(conn_id) {
             return false;
         }
+    }
+}
+
+/// A connection's writer task, and the flag it raises when it ends (returning, failing or
+/// stopped): the read loop polls the task's handle once, to be woken when it ends, and after
+/// that only once the flag is up. Polling the handle on every pass would cost the read loop a
+/// poll of the task's state and of the cooperative budget for every packet.
+struct WriterTask {
+    handle: tokio::task::JoinHandle<()>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    registered: bool,
+}
+
+impl WriterTask {
+    fn spawn(
+        session: Arc<Session>,
+        conn_id: u64,
+        notify: Arc<tokio::sync::Notify>,
+        wr: Writer,
+        level: u8,
+    ) -> WriterTask {
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let raise = RaiseOnDrop(ended.clone());
+        let handle = tokio::spawn(async move {
+            let _raise = raise;
+            write_loop(session, conn_id, notify, wr, level).await;
+        });
+        WriterTask {
+            handle,
+            ended,
+            registered: false,
+        }
+    }
+
+    /// Ready once the writer task has ended.
+    fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let ended = self.ended.load(Ordering::Acquire);
+        // Outside the cooperative budget, so the first poll always registers this task.
+        let handle = std::pin::pin!(tokio::task::unconstrained(&mut self.handle));
+        poll_event(handle, &mut self.registered, ended, cx).map(|_| ())
+    }
+}
+
+/// Raises its flag when dropped: when the task holding it ends, however it ends.
+struct RaiseOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -720,7 +763,7 @@ impl Conn {
         rd: &mut OwnedReadHalf,
         mut buf: BytesMut,
         keep_alive: u16,
-        mut writer: tokio::task::JoinHandle<()>,
+        mut writer: WriterTask,
     ) -> Exit {
         let max_in = self.inner.config.max_packet_size as usize;
         let inner = self.inner.clone();
@@ -798,14 +841,14 @@ impl Conn {
                         Received::Ended(end) => break end,
                         Received::PeerGone => {
                             // As for a read that finds the peer gone.
-                            writer.abort();
+                            writer.handle.abort();
                             return Exit::Ended(End::Abnormal);
                         }
                         // Still connected: the new connection takes over, and the writer ends.
                         Received::Handled => handover.finish(),
                     }
                 }
-                _ = &mut writer => {
+                () = std::future::poll_fn(|cx| writer.poll_ended(cx)) => {
                     // Write failure or takeover.
                     return Exit::Ended(End::Abnormal);
                 }
@@ -818,7 +861,7 @@ impl Conn {
                     move_asked.set(tokio::task::unconstrained(relocate.asked.notified()));
                     move_registered = false;
                     if !handed_over {
-                        match self.try_move(&mut writer).await {
+                        match self.try_move(&mut writer.handle).await {
                             None => {}
                             Some(Ok((home, guard))) => {
                                 let buf = std::mem::take(&mut buf);
@@ -832,7 +875,7 @@ impl Conn {
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {
                         // The peer is gone: nothing more can be written to it.
-                        writer.abort();
+                        writer.handle.abort();
                         return Exit::Ended(End::Abnormal);
                     }
                     Ok(n) => {
@@ -855,8 +898,8 @@ impl Conn {
             }
         };
         // Let the writer flush a final DISCONNECT, but do not wait on a stuck peer forever.
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer).await;
-        writer.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer.handle).await;
+        writer.handle.abort();
         Exit::Ended(end)
     }
 
@@ -867,7 +910,7 @@ impl Conn {
         mut rd: OwnedReadHalf,
         buf: BytesMut,
         keep_alive: u16,
-        writer: tokio::task::JoinHandle<()>,
+        writer: WriterTask,
         live: LiveGuard,
     ) -> Moved {
         Box::pin(async move {
@@ -918,13 +961,13 @@ impl Conn {
         // Output for the connection is written from this thread from now on.
         self.session.set_writer(self.conn_id, self.wr.clone());
         self.waker = CachedWaker::default();
-        let writer = tokio::spawn(write_loop(
+        let writer = WriterTask::spawn(
             self.session.clone(),
             self.conn_id,
             self.notify.clone(),
             self.wr.clone(),
             self.level,
-        ));
+        );
         // What was queued while the connection moved.
         self.notify.notify_one();
         self.serve(rd, buf, keep_alive, writer, live)
