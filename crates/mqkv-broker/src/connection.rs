@@ -1214,7 +1214,7 @@ impl Conn {
     }
 
     /// Checks and routes a PUBLISH, and acknowledges it unless a service claims its topic: then
-    /// it is returned, for [`Conn::hand_to_service`]. Not `async`, so the packet is not moved
+    /// it is returned, for [`Conn::hand_over`]. Not `async`, so the packet is not moved
     /// into a future of its own on its way.
     fn publish(&mut self, mut p: codec::Publish) -> Result<Option<Handoff>, Violation> {
         let v5 = self.v5();
