@@ -171,8 +171,12 @@ thread_local! {
 /// Appends ASCII `digits`, zero-padded to at least `width`.
 fn push_padded(text: &mut String, digits: &[u8], width: usize) {
     const ZEROS: &str = "000000000000000";
-    let pad = width.saturating_sub(digits.len());
-    text.push_str(ZEROS.get(..pad).unwrap_or(ZEROS));
+    let mut pad = width.saturating_sub(digits.len());
+    while pad > 0 {
+        let n = pad.min(ZEROS.len());
+        text.push_str(&ZEROS[..n]);
+        pad -= n;
+    }
     text.extend(digits.iter().map(|&d| char::from(d)));
 }
 
@@ -269,6 +273,22 @@ mod tests {
             Hlc::new(u64::MAX, 123_456, "n").to_string(),
             "18446744073709551615:123456:n"
         );
+    }
+
+    #[test]
+    fn padding_wider_than_the_zeros_at_hand() {
+        for (digits, width) in [
+            (&b"7"[..], 20),
+            (b"7", 31),
+            (b"123", 3),
+            (b"123", 2),
+            (b"", 16),
+        ] {
+            let mut text = String::new();
+            push_padded(&mut text, digits, width);
+            let digits = std::str::from_utf8(digits).unwrap_or_default();
+            assert_eq!(text, format!("{digits:0>width$}"));
+        }
     }
 
     #[test]
