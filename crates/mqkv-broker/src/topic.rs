@@ -39,7 +39,7 @@ pub struct FilterSpec<'a> {
 pub fn parse_filter(f: &str) -> Option<FilterSpec<'_>> {
     if let Some(rest) = f.strip_prefix("$share/") {
         let (group, filter) = rest.split_once('/')?;
-        if group.is_empty() || group.contains(['+', '#']) || !valid_topic_filter(filter) {
+        if group.is_empty() || has_wildcard(group) || !valid_topic_filter(filter) {
             return None;
         }
         Some(FilterSpec {
