@@ -108,6 +108,7 @@ pub use files::FORMAT_VERSION;
 pub use log_file::replay_segment;
 pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
+pub use proposer::PendingWrite;
 pub use runtime::SharedThread;
 pub use state_machine::{set_after_snapshot, ApplyHook};
 pub use stats::StoreStats;

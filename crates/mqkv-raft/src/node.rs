@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use mqkv_store::{Applied, Entry, StateMachine, StoreConfig};
+use mqkv_store::{Entry, StateMachine, StoreConfig};
 use openraft::error::Fatal;
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 
 use crate::files::{self, corrupt, io_error, read_meta, FileKind, Location};
 use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
-use crate::proposer::Proposer;
+use crate::proposer::{PendingWrite, Proposer};
 use crate::runtime::{RaftThread, SharedThread};
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
 use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
@@ -179,12 +179,13 @@ impl StoreNode {
         open(Location::Memory, config, on_apply, options).await
     }
 
-    /// Appends the entry to the log, waits until it is committed (fsynced)
-    /// and applied, and returns what applying it answered. The apply hook
-    /// has seen the outcome before this returns. Concurrent writes share
-    /// log entries and fsyncs (group commit).
-    pub async fn write(&self, entry: Entry) -> Result<Applied, WriteError> {
-        self.inner.proposer.propose(entry).await
+    /// Queues the entry for the log at once; the returned future waits until
+    /// it is committed (fsynced) and applied, and gives what applying it
+    /// answered. The apply hook has seen the outcome before the future
+    /// finishes. Concurrent writes share log entries and fsyncs (group
+    /// commit). Dropping the future does not withdraw the write.
+    pub fn write(&self, entry: Entry) -> PendingWrite {
+        self.inner.proposer.propose(entry)
     }
 
     /// Runs `f` against the applied state. Only committed, durable entries

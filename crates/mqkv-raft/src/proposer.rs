@@ -25,7 +25,10 @@
 //! that count suggests, so a snapshot is also requested once the log
 //! written since the last one outgrows the snapshot itself (or a floor).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
 use mqkv_protocol::Command;
 use mqkv_store::{Applied, Entry, Op};
@@ -93,13 +96,15 @@ impl Proposer {
         }
     }
 
-    /// Proposes `entry` and waits for its outcome.
-    pub(crate) async fn propose(&self, entry: Entry) -> Result<Applied, WriteError> {
+    /// Queues `entry` for the next proposal now; the returned future waits for its outcome.
+    pub(crate) fn propose(&self, entry: Entry) -> PendingWrite {
         let (reply, outcome) = oneshot::channel();
-        self.tx
+        let outcome = self
+            .tx
             .send(Pending { entry, reply })
-            .map_err(|_| WriteError::Stopped)?;
-        outcome.await.unwrap_or(Err(WriteError::Stopped))
+            .ok()
+            .map(|()| outcome);
+        PendingWrite { outcome }
     }
 
     /// Stops proposing. Writes still queued fail with
@@ -109,6 +114,31 @@ impl Proposer {
         let task = sync::lock(&self.task).take();
         if let Some(task) = task {
             task.abort();
+        }
+    }
+}
+
+/// A write queued for a proposal: resolves to the outcome of applying it. Dropping it does not
+/// withdraw the write.
+///
+/// The write is queued when it is made, not when the future is first polled, and the future
+/// holds only the receiving end of the answer: a caller that keeps it (a connection waiting to
+/// publish the answer) keeps a few bytes, not the entry.
+#[must_use = "the write is queued either way; the future only tells its outcome"]
+pub struct PendingWrite {
+    /// `None` when the proposer had already stopped.
+    outcome: Option<oneshot::Receiver<Result<Applied, WriteError>>>,
+}
+
+impl Future for PendingWrite {
+    type Output = Result<Applied, WriteError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.outcome {
+            None => Poll::Ready(Err(WriteError::Stopped)),
+            Some(outcome) => Pin::new(outcome)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or(Err(WriteError::Stopped))),
         }
     }
 }

@@ -257,7 +257,7 @@ impl StateStoreService {
     /// Handles one request: reads and KEYNOTIFY at once, writes through the log (the returned
     /// future finishes when the write is durable and applied). The answer goes back to the
     /// connection, which publishes it in the order the requests arrived.
-    fn request(self: &Arc<Self>, mut p: ServicePublish) -> Handled {
+    fn request(&self, mut p: ServicePublish) -> Handled {
         if p.topic != REQUEST_TOPIC {
             tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
             return Handled::Done(None);
@@ -356,13 +356,14 @@ impl StateStoreService {
                     correlation: reply.correlation.clone(),
                     expires_at_ms: now.saturating_add(window),
                 });
-                let me = self.clone();
+                // Queued for the log now; the future the connection keeps holds only the
+                // answer's way back, not the entry.
+                let written = self.node.write(Entry {
+                    now_ms: now,
+                    op: Op::Request(request),
+                });
                 return Handled::Running(Box::pin(async move {
-                    let entry = Entry {
-                        now_ms: now,
-                        op: Op::Request(request),
-                    };
-                    Some(match me.node.write(entry).await {
+                    Some(match written.await {
                         Ok(applied) => respond(reply, &applied.response, applied.version.as_ref()),
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
