@@ -294,19 +294,14 @@ impl StateMachine {
         let Some(old) = self.keys.get_mut(key) else {
             return Err(record);
         };
-        if old.expires_at_ms != record.expires_at_ms {
-            let owned = Key::from(key);
-            if let Some(old_deadline) = old.expires_at_ms {
-                self.expiry.remove(&(old_deadline.get(), owned.clone()));
-            }
-            if let Some(deadline) = record.expires_at_ms {
-                self.expiry.insert((deadline.get(), owned));
-            }
-        }
-        self.frozen.before_change(key, || Some(Record::clone(old)));
-        self.stored_bytes -= footprint(key, &old.value);
-        self.stored_bytes += footprint(key, &record.value);
-        **old = record;
+        overwrite(
+            key,
+            old,
+            record,
+            &mut self.expiry,
+            &mut self.frozen,
+            &mut self.stored_bytes,
+        );
         Ok(())
     }
 
@@ -352,6 +347,32 @@ impl StateMachine {
         });
         Some(version)
     }
+}
+
+/// Replaces the stored record `old` of `key` with `record`, keeping the deadline index, the
+/// undo map of a snapshot being taken and the byte count in step. The parts of the store are
+/// passed one by one so that a caller holding `old` from the key tree can call it.
+pub(crate) fn overwrite(
+    key: &[u8],
+    old: &mut Record,
+    record: Record,
+    expiry: &mut BTreeSet<(u64, Key)>,
+    frozen: &mut FreezeSlot,
+    stored_bytes: &mut u64,
+) {
+    if old.expires_at_ms != record.expires_at_ms {
+        let owned = Key::from(key);
+        if let Some(old_deadline) = old.expires_at_ms {
+            expiry.remove(&(old_deadline.get(), owned.clone()));
+        }
+        if let Some(deadline) = record.expires_at_ms {
+            expiry.insert((deadline.get(), owned));
+        }
+    }
+    frozen.before_change(key, || Some(Record::clone(old)));
+    *stored_bytes -= footprint(key, &old.value);
+    *stored_bytes += footprint(key, &record.value);
+    *old = record;
 }
 
 #[cfg(test)]

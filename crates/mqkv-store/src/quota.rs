@@ -10,7 +10,7 @@
 use mqkv_protocol::ErrorKind;
 
 use crate::machine::footprint;
-use crate::{ChangeEvent, StateMachine};
+use crate::{ChangeEvent, StateMachine, StoreConfig};
 
 impl StateMachine {
     /// Would storing `key = value` stay within the quotas? `replaced` is
@@ -29,11 +29,13 @@ impl StateMachine {
                 }
             }
         }
-        if let Some(max_bytes) = self.config.max_bytes {
-            let after = self.stored_bytes - replaced.unwrap_or(0) + footprint(key, value);
-            if after > max_bytes && after > self.stored_bytes {
-                return Err(ErrorKind::QuotaExceeded);
-            }
+        if !bytes_within(
+            &self.config,
+            self.stored_bytes,
+            replaced.unwrap_or(0),
+            footprint(key, value),
+        ) {
+            return Err(ErrorKind::QuotaExceeded);
         }
         Ok(())
     }
@@ -58,6 +60,16 @@ impl StateMachine {
         }
         first
     }
+}
+
+/// Does the byte quota allow `stored` bytes to become `stored - replaced + added`? Growing
+/// past the limit is refused; anything that does not grow usage is allowed, even above it.
+pub(crate) fn bytes_within(config: &StoreConfig, stored: u64, replaced: u64, added: u64) -> bool {
+    let Some(max_bytes) = config.max_bytes else {
+        return true;
+    };
+    let after = stored - replaced + added;
+    after <= max_bytes || after <= stored
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
 
-use crate::machine::{footprint, Record};
+use crate::machine::{footprint, overwrite, Record};
 use crate::{fencing, Applied, ChangeEvent, ChangeKind, Request, StateMachine};
 
 /// The arguments of one SET, borrowed from its command.
@@ -31,7 +31,8 @@ pub(crate) struct SetArgs<'a> {
 
 impl StateMachine {
     pub(crate) fn apply_set(&mut self, request: &Request, set: &SetArgs<'_>, now: u64) -> Applied {
-        let mut events = Vec::new();
+        // A SET reports one event, or two when it first purges its own expired key.
+        let mut events = Vec::with_capacity(1);
         let (response, version) = match self.try_set(request, set, now, &mut events) {
             Ok(answer) => answer,
             Err(kind) => (Response::Error(kind), None),
@@ -50,6 +51,9 @@ impl StateMachine {
         now: u64,
         events: &mut Vec<ChangeEvent>,
     ) -> Result<(Response, Option<Hlc>), ErrorKind> {
+        if let Some(answer) = self.try_overwrite_in_place(request, set, now, events) {
+            return answer;
+        }
         let SetArgs {
             key,
             value,
@@ -66,16 +70,8 @@ impl StateMachine {
         }
         let stored_token = existing.and_then(|r| r.fencing_token.as_deref());
         fencing::check(stored_token, request.ft.as_ref())?;
-
-        if let Some(existing) = existing {
-            let refused = match condition {
-                Some(SetCondition::Nx) => true,
-                Some(SetCondition::Nex) => *existing.value != **value,
-                None => false,
-            };
-            if refused {
-                return Ok((Response::NotApplied, Some(existing.version.clone())));
-            }
+        if let Some(refused) = existing.and_then(|r| refusal(r, condition, value)) {
+            return Ok(refused);
         }
 
         let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
@@ -83,24 +79,95 @@ impl StateMachine {
         self.check_quota_making_room(key, value, replaced, now, events)?;
 
         let version = self.clock.next_version(now, request.ts.as_ref());
-        self.insert(
-            key,
-            Record {
-                value: Arc::from(&value[..]),
-                version: version.clone(),
-                fencing_token: fencing_token.map(Box::new),
-                // PX is at least 1, so a deadline is never 0.
-                expires_at_ms: px_ms.and_then(|px| NonZeroU64::new(now.saturating_add(px))),
-            },
-        );
-        events.push(ChangeEvent {
-            key: key.clone(),
-            kind: ChangeKind::Set {
-                value: value.clone(),
-            },
-            version: version.clone(),
-        });
+        self.insert(key, new_record(value, &version, fencing_token, px_ms, now));
+        events.push(set_event(key, value, &version));
         Ok((Response::Ok, Some(version)))
+    }
+
+    /// The common SET, of a live key within the quota, with the key tree walked once: the
+    /// record is checked and replaced through the one reference. `None` when the SET is not
+    /// that (a new key, an expired one, or a quota that only expiring other keys could make
+    /// room in): [`StateMachine::try_set`] goes the general way then, having changed nothing.
+    fn try_overwrite_in_place(
+        &mut self,
+        request: &Request,
+        set: &SetArgs<'_>,
+        now: u64,
+        events: &mut Vec<ChangeEvent>,
+    ) -> Option<Result<(Response, Option<Hlc>), ErrorKind>> {
+        let SetArgs {
+            key,
+            value,
+            condition,
+            px_ms,
+        } = *set;
+        let StateMachine {
+            config,
+            clock,
+            keys,
+            expiry,
+            stored_bytes,
+            frozen,
+            ..
+        } = self;
+        let old = keys.get_mut(&key[..]).filter(|r| r.is_live(now))?;
+        let stored_token = old.fencing_token.as_deref();
+        if let Err(kind) = fencing::check(stored_token, request.ft.as_ref()) {
+            return Some(Err(kind));
+        }
+        if let Some(refused) = refusal(old, condition, value) {
+            return Some(Ok(refused));
+        }
+        let replaced = footprint(key, &old.value);
+        if !crate::quota::bytes_within(config, *stored_bytes, replaced, footprint(key, value)) {
+            return None;
+        }
+        let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
+        let version = clock.next_version(now, request.ts.as_ref());
+        let record = new_record(value, &version, fencing_token, px_ms, now);
+        overwrite(key, old, record, expiry, frozen, stored_bytes);
+        events.push(set_event(key, value, &version));
+        Some(Ok((Response::Ok, Some(version))))
+    }
+}
+
+/// The answer of a SET its condition refuses on the live record `existing`, if it does.
+fn refusal(
+    existing: &Record,
+    condition: Option<SetCondition>,
+    value: &[u8],
+) -> Option<(Response, Option<Hlc>)> {
+    let refused = match condition {
+        Some(SetCondition::Nx) => true,
+        Some(SetCondition::Nex) => *existing.value != *value,
+        None => false,
+    };
+    refused.then(|| (Response::NotApplied, Some(existing.version.clone())))
+}
+
+fn new_record(
+    value: &[u8],
+    version: &Hlc,
+    fencing_token: Option<Hlc>,
+    px_ms: Option<u64>,
+    now: u64,
+) -> Record {
+    Record {
+        value: Arc::from(value),
+        version: version.clone(),
+        fencing_token: fencing_token.map(Box::new),
+        // PX is at least 1, so a deadline is never 0.
+        expires_at_ms: px_ms.and_then(|px| NonZeroU64::new(now.saturating_add(px))),
+    }
+}
+
+fn set_event(key: &Bytes, value: &Bytes, version: &Hlc) -> ChangeEvent {
+    ChangeEvent {
+        key: key.clone(),
+        kind: ChangeKind::Set {
+            value: value.clone(),
+        },
+        version: version.clone(),
     }
 }
 
