@@ -749,8 +749,9 @@ impl Conn {
     /// to the writer task. This saves a task hand-off per request and puts an ack and the
     /// response it belongs with into one write.
     fn flush_inline(&self) {
-        self.session.set_deferred(self.conn_id, false);
-        write_ready(&self.session, self.conn_id, &self.wr, &self.notify);
+        if self.session.end_deferral(self.conn_id) {
+            write_ready(&self.session, self.conn_id, &self.wr, &self.notify);
+        }
     }
 
     /// Queues DISCONNECT (MQTT 5) and makes the writer close after flushing.
@@ -802,7 +803,7 @@ impl Conn {
                 // While the batch is handled, queueing output does not wake the writer task:
                 // the reader writes it itself afterwards, acks and responses together in one
                 // write.
-                self.session.set_deferred(self.conn_id, true);
+                self.session.defer(self.conn_id);
                 let processed = self.process(&mut buf, max_in).await;
                 self.flush_inline();
                 match processed {
@@ -1056,7 +1057,7 @@ impl Conn {
                 }
             }
         }
-        self.session.set_deferred(self.conn_id, true);
+        self.session.defer(self.conn_id);
         let processed = self.process(buf, max_in).await;
         if processed.is_ok() {
             // What it received is answered here, before the new connection takes over.
@@ -1400,7 +1401,7 @@ impl Conn {
     ) -> Work {
         // Output stays deferred while a service works, so an answer queued in the poll that
         // finishes it goes out with its acknowledgement, in one write.
-        self.session.set_deferred(self.conn_id, true);
+        self.session.defer(self.conn_id);
         match service.on_publish(publish, earlier_running) {
             Handled::Done(answer) => Work::Done(answer),
             Handled::AfterEarlier(publish) if earlier_running => {
@@ -1430,16 +1431,27 @@ impl Conn {
     /// once at least one was acknowledged.
     fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let before = self.queued.len();
-        self.session.set_deferred(self.conn_id, true);
+        // Output is deferred (and flushed at the end) only once there is some: most polls find
+        // the oldest publish still under way and have nothing to write.
+        let mut deferred = false;
         while let Some(mut front) = self.queued.pop_front() {
             let work = match front.work {
                 Work::Done(answer) => Work::Done(answer),
                 Work::Running(future) => self.poll_work(future, cx),
                 // Everything before it has finished: its turn.
-                Work::NotStarted(publish, service) => self.start(&service, *publish, false, cx),
+                Work::NotStarted(publish, service) => {
+                    deferred = true;
+                    self.start(&service, *publish, false, cx)
+                }
             };
             match work {
-                Work::Done(answer) => self.answer_and_ack(answer, front.ack),
+                Work::Done(answer) => {
+                    if !deferred {
+                        self.session.defer(self.conn_id);
+                        deferred = true;
+                    }
+                    self.answer_and_ack(answer, front.ack);
+                }
                 work => {
                     front.work = work;
                     self.queued.push_front(front);
@@ -1447,8 +1459,10 @@ impl Conn {
                 }
             }
         }
-        self.start_alongside(cx);
-        self.flush_inline();
+        deferred |= self.start_alongside(cx);
+        if deferred {
+            self.flush_inline();
+        }
         if self.queued.len() < before {
             Poll::Ready(())
         } else {
@@ -1457,17 +1471,18 @@ impl Conn {
     }
 
     /// Starts the publishes that wait for their turn while the service lets them run alongside
-    /// the ones under way before them (writes behind writes, say), oldest first.
-    fn start_alongside(&mut self, cx: &mut Context<'_>) {
+    /// the ones under way before them (writes behind writes, say), oldest first. Returns
+    /// whether it offered any to the service (which defers output, see [`Conn::start`]).
+    fn start_alongside(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(first) = self
             .queued
             .iter()
             .position(|q| matches!(q.work, Work::NotStarted(..)))
         else {
-            return;
+            return false;
         };
         if first == 0 {
-            return;
+            return false;
         }
         for at in first..self.queued.len() {
             let Some(queued) = self.queued.get_mut(at) else {
@@ -1487,6 +1502,7 @@ impl Conn {
                 break;
             }
         }
+        true
     }
 
     /// Waits until every queued publish has finished and been acknowledged.

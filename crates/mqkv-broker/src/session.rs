@@ -98,6 +98,9 @@ pub struct Link {
     /// The connection's reader is handling a batch of packets and will flush what is queued
     /// when it is done, so queueing need not wake the writer task.
     deferred: bool,
+    /// Something was queued, or became ready to send, while `deferred` was set: the reader's
+    /// flush has work to do. Without it, the flush can skip the writer's lock.
+    queued_while_deferred: bool,
     /// The connection's socket, for writing queued output from the task that queued it.
     writer: Option<Writer>,
     /// The connection thread serving it (see [`crate::threads::current_home`]).
@@ -234,8 +237,10 @@ impl Link {
     }
 
     /// Wakes the writer unless the reader is about to flush anyway.
-    fn wake(&self) {
-        if !self.deferred {
+    fn wake(&mut self) {
+        if self.deferred {
+            self.queued_while_deferred = true;
+        } else {
             self.notify.notify_one();
         }
     }
@@ -261,6 +266,7 @@ impl Link {
             closing: false,
             resend: true,
             deferred: false,
+            queued_while_deferred: false,
             writer: None,
             home: 0,
             handover: Arc::new(Handover::default()),
@@ -415,11 +421,29 @@ impl Session {
         }
     }
 
-    /// Marks whether the connection's reader will flush queued output itself (see `Link`).
-    pub fn set_deferred(&self, conn_id: u64, deferred: bool) {
+    /// The connection's reader will flush queued output itself (see `Link`) until
+    /// [`Session::end_deferral`].
+    pub fn defer(&self, conn_id: u64) {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
-            link.deferred = deferred;
+            // `queued_while_deferred` is clear here: only a deferral sets it, and only its end
+            // clears it.
+            link.deferred = true;
+        }
+    }
+
+    /// Queueing wakes the writer again. Returns whether anything was queued for connection
+    /// `conn_id`, or became ready to send, since [`Session::defer`]: what the reader must
+    /// flush. True also when the session is no longer on that connection, so that the flush
+    /// finds out.
+    pub fn end_deferral(&self, conn_id: u64) -> bool {
+        let mut st = self.state.lock();
+        match st.link.as_mut().filter(|l| l.conn_id == conn_id) {
+            Some(link) => {
+                link.deferred = false;
+                std::mem::take(&mut link.queued_while_deferred)
+            }
+            None => true,
         }
     }
 
@@ -449,7 +473,11 @@ impl Session {
             return false;
         };
         st.inflight.remove(pos);
-        if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
+        // A freed place in the window can only let a queued message go.
+        if st.queue.is_empty() {
+            return true;
+        }
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
             link.wake();
         }
         true
@@ -473,7 +501,7 @@ impl Session {
                 }));
             }
         }
-        if let Some(link) = st.link.as_ref().filter(|l| l.conn_id == conn_id) {
+        if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
             link.wake();
         }
         true
