@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 
 use crate::auth::AuthRequest;
 use crate::broker::{identity, Inner};
-use crate::codec::{self, reason, Ack, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
+use crate::codec::{self, reason, ConnAck, Connect, DecodeError, Packet, Properties, QoS};
 use crate::service::{Handled, OutboundMessage, Service, ServiceFuture, ServicePublish};
 use crate::session::{Delivery, Link, Message, Session};
 use crate::subtree::ClientId;
@@ -647,16 +647,12 @@ struct PendingAck {
 }
 
 impl PendingAck {
-    fn packet(self) -> Packet {
-        let ack = Ack {
-            packet_id: self.packet_id,
-            reason_code: self.reason_code,
-            ..Default::default()
-        };
+    /// The acknowledgement's fixed header byte ([`codec::ack_header`]).
+    fn header(self) -> u8 {
         if self.rec {
-            Packet::PubRec(ack)
+            codec::ack_header::PUBREC
         } else {
-            Packet::PubAck(ack)
+            codec::ack_header::PUBACK
         }
     }
 }
@@ -777,6 +773,10 @@ impl Conn {
         // The keep alive timer is armed once and moved only when it fires: re-arming it on every
         // read would take the timer driver's lock twice per packet.
         let mut idle = std::pin::pin!(tokio::time::sleep(ka.unwrap_or(Duration::MAX)));
+        // Polled to register this task with the timer, then only once it has fired (a look at
+        // its state), like the events below: a poll on every pass took the task's cooperative
+        // budget and looked at the timer's waker each time.
+        let mut idle_registered = false;
         // The shutdown future is polled once to register this task as its waiter; after that
         // only when the flag says shutdown began. Polling it again on every packet would take
         // the lock of the one notifier all connections share.
@@ -885,13 +885,17 @@ impl Conn {
                         self.read_room.read(n, room);
                     }
                 },
-                () = idle.as_mut(), if ka.is_some() => {
+                () = std::future::poll_fn(|cx| {
+                    let fired = idle.is_elapsed();
+                    poll_event(idle.as_mut(), &mut idle_registered, fired, cx)
+                }), if ka.is_some() => {
                     let deadline = last + ka.unwrap_or_default();
                     if Instant::now() >= deadline {
                         self.close_with(reason::KEEP_ALIVE_TIMEOUT);
                         break End::Abnormal;
                     }
                     idle.as_mut().reset(deadline.into());
+                    idle_registered = false;
                     // At most once per keep alive period: a good time to give back a buffer
                     // that a burst made large.
                     self.read_room.idle(&mut buf);
@@ -1146,24 +1150,26 @@ impl Conn {
                         .session
                         .received(self.conn_id, a.packet_id, a.reason_code)
                     {
-                        self.send(Packet::PubRel(Ack {
-                            packet_id: a.packet_id,
-                            reason_code: reason::PACKET_IDENTIFIER_NOT_FOUND,
-                            ..Default::default()
-                        }));
+                        self.session.send_ack(
+                            self.conn_id,
+                            codec::ack_header::PUBREL,
+                            a.packet_id,
+                            reason::PACKET_IDENTIFIER_NOT_FOUND,
+                        );
                     }
                 }
                 Packet::PubRel(a) => {
                     let known = self.session.state.lock().incoming_qos2.remove(&a.packet_id);
-                    self.send(Packet::PubComp(Ack {
-                        packet_id: a.packet_id,
-                        reason_code: if known {
+                    self.session.send_ack(
+                        self.conn_id,
+                        codec::ack_header::PUBCOMP,
+                        a.packet_id,
+                        if known {
                             reason::SUCCESS
                         } else {
                             reason::PACKET_IDENTIFIER_NOT_FOUND
                         },
-                        ..Default::default()
-                    }));
+                    );
                 }
                 Packet::Subscribe(s) => self.subscribe(s)?,
                 Packet::Unsubscribe(u) => {
@@ -1347,7 +1353,8 @@ impl Conn {
             self.inner.publish(answer);
         }
         if let Some(ack) = ack {
-            self.send(ack.packet());
+            self.session
+                .send_ack(self.conn_id, ack.header(), ack.packet_id, ack.reason_code);
         }
     }
 
@@ -1434,30 +1441,45 @@ impl Conn {
         // Output is deferred (and flushed at the end) only once there is some: most polls find
         // the oldest publish still under way and have nothing to write.
         let mut deferred = false;
-        while let Some(mut front) = self.queued.pop_front() {
-            let work = match front.work {
-                Work::Done(answer) => Work::Done(answer),
-                Work::Running(future) => self.poll_work(future, cx),
-                // Everything before it has finished: its turn.
-                Work::NotStarted(publish, service) => {
+        // The oldest publish's work is polled where it lies in the queue: an entry is a few
+        // hundred bytes, and most polls leave it there.
+        while let Some(front) = self.queued.front_mut() {
+            let answer = match &mut front.work {
+                Work::Done(answer) => answer.take(),
+                Work::Running(future) => {
+                    let waker = self.waker.get(cx.waker());
+                    match future.as_mut().poll(&mut Context::from_waker(waker)) {
+                        Poll::Ready(answer) => answer,
+                        Poll::Pending => break,
+                    }
+                }
+                Work::NotStarted(..) => {
+                    // Everything before it has finished: its turn.
+                    let Some(Queued {
+                        work: Work::NotStarted(publish, service),
+                        ack,
+                    }) = self.queued.pop_front()
+                    else {
+                        break;
+                    };
                     deferred = true;
-                    self.start(&service, *publish, false, cx)
+                    match self.start(&service, *publish, false, cx) {
+                        Work::Done(answer) => self.answer_and_ack(answer, ack),
+                        work => {
+                            self.queued.push_front(Queued { work, ack });
+                            break;
+                        }
+                    }
+                    continue;
                 }
             };
-            match work {
-                Work::Done(answer) => {
-                    if !deferred {
-                        self.session.defer(self.conn_id);
-                        deferred = true;
-                    }
-                    self.answer_and_ack(answer, front.ack);
-                }
-                work => {
-                    front.work = work;
-                    self.queued.push_front(front);
-                    break;
-                }
+            let ack = front.ack;
+            self.queued.pop_front();
+            if !deferred {
+                self.session.defer(self.conn_id);
+                deferred = true;
             }
+            self.answer_and_ack(answer, ack);
         }
         deferred |= self.start_alongside(cx);
         if deferred {

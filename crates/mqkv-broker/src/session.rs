@@ -80,6 +80,20 @@ pub(crate) enum Inflight {
     Released,
 }
 
+/// A control packet queued on a link. Acknowledgements without properties, nearly every one,
+/// are kept as their few bytes; anything else as the packet, boxed, so the queue's entries stay
+/// small to move.
+#[derive(Debug)]
+enum Control {
+    Ack {
+        /// [`codec::ack_header`].
+        header: u8,
+        packet_id: u16,
+        reason_code: u8,
+    },
+    Packet(Box<Packet>),
+}
+
 /// The per-connection view a session needs to encode for its current connection.
 #[derive(Debug)]
 pub struct Link {
@@ -90,7 +104,7 @@ pub struct Link {
     pub max_packet_size: usize,
     pub topic_alias_maximum: u16,
     aliases: HashMap<String, u16>,
-    control: VecDeque<Packet>,
+    control: VecDeque<Control>,
     /// Set when the connection must end after what is queued has been written.
     pub closing: bool,
     /// Inflight messages must be resent (the session was resumed on this link).
@@ -412,11 +426,28 @@ impl Session {
         }
     }
 
-    /// Queues a control packet (acks, SUBACK, DISCONNECT, ...) for the given connection.
+    /// Queues a control packet (SUBACK, PINGRESP, DISCONNECT, ...) for the given connection.
     pub fn send_control(&self, conn_id: u64, p: Packet) {
+        self.push_control(conn_id, Control::Packet(Box::new(p)));
+    }
+
+    /// Queues an acknowledgement without properties (PUBACK, PUBREC, PUBREL or PUBCOMP, as
+    /// `header` says: [`codec::ack_header`]) for the given connection.
+    pub fn send_ack(&self, conn_id: u64, header: u8, packet_id: u16, reason_code: u8) {
+        self.push_control(
+            conn_id,
+            Control::Ack {
+                header,
+                packet_id,
+                reason_code,
+            },
+        );
+    }
+
+    fn push_control(&self, conn_id: u64, control: Control) {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
-            link.control.push_back(p);
+            link.control.push_back(control);
             link.wake();
         }
     }
@@ -456,10 +487,12 @@ impl Session {
         };
         if let Some(reason_code) = reason.filter(|_| link.protocol_level == codec::V5) {
             link.control
-                .push_back(Packet::Disconnect(codec::Disconnect {
-                    reason_code,
-                    ..Default::default()
-                }));
+                .push_back(Control::Packet(Box::new(Packet::Disconnect(
+                    codec::Disconnect {
+                        reason_code,
+                        ..Default::default()
+                    },
+                ))));
         }
         link.closing = true;
         link.notify.notify_one();
@@ -495,10 +528,11 @@ impl Session {
         } else {
             st.inflight[pos].1 = Inflight::Released;
             if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
-                link.control.push_back(Packet::PubRel(codec::Ack {
+                link.control.push_back(Control::Ack {
+                    header: codec::ack_header::PUBREL,
                     packet_id,
-                    ..Default::default()
-                }));
+                    reason_code: codec::reason::SUCCESS,
+                });
             }
         }
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
@@ -515,8 +549,15 @@ impl Session {
         let st = &mut *guard;
         let link = st.link.as_mut().filter(|l| l.conn_id == conn_id)?;
         let level = link.protocol_level;
-        while let Some(p) = link.control.pop_front() {
-            p.encode(out, level);
+        while let Some(control) = link.control.pop_front() {
+            match control {
+                Control::Ack {
+                    header,
+                    packet_id,
+                    reason_code,
+                } => codec::encode_plain_ack(out, header, packet_id, reason_code, level),
+                Control::Packet(p) => p.encode(out, level),
+            }
         }
         if link.closing {
             return Some(true);

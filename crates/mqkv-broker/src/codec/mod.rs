@@ -737,10 +737,10 @@ impl Packet {
                 }
             }
             Packet::Publish(p) => PublishRef::new(p).encode(out, level),
-            Packet::PubAck(a) => encode_ack(out, 0x40, a, v5),
-            Packet::PubRec(a) => encode_ack(out, 0x50, a, v5),
-            Packet::PubRel(a) => encode_ack(out, 0x62, a, v5),
-            Packet::PubComp(a) => encode_ack(out, 0x70, a, v5),
+            Packet::PubAck(a) => encode_ack(out, ack_header::PUBACK, a, v5),
+            Packet::PubRec(a) => encode_ack(out, ack_header::PUBREC, a, v5),
+            Packet::PubRel(a) => encode_ack(out, ack_header::PUBREL, a, v5),
+            Packet::PubComp(a) => encode_ack(out, ack_header::PUBCOMP, a, v5),
             Packet::Subscribe(s) => {
                 let mut n = 2 + s.filters.iter().map(|(f, _)| 3 + f.len()).sum::<usize>();
                 if v5 {
@@ -830,6 +830,33 @@ impl Packet {
                 a.properties.encode(out);
             }
         }
+    }
+}
+
+/// The fixed header byte of each acknowledgement.
+pub mod ack_header {
+    pub const PUBACK: u8 = 0x40;
+    pub const PUBREC: u8 = 0x50;
+    pub const PUBREL: u8 = 0x62;
+    pub const PUBCOMP: u8 = 0x70;
+}
+
+/// Encodes an acknowledgement without properties: PUBACK, PUBREC, PUBREL or PUBCOMP as
+/// `header` ([`ack_header`]) says. The same bytes as the [`Packet`] with empty properties.
+pub fn encode_plain_ack(
+    out: &mut BytesMut,
+    header: u8,
+    packet_id: u16,
+    reason_code: u8,
+    level: u8,
+) {
+    if level != V5 || reason_code == 0 {
+        out.put_slice(&[header, 2]);
+        out.put_u16(packet_id);
+    } else {
+        out.put_slice(&[header, 3]);
+        out.put_u16(packet_id);
+        out.put_u8(reason_code);
     }
 }
 
@@ -1105,6 +1132,48 @@ mod tests {
         ];
         for (raw, want) in cases {
             assert_eq!(read(raw), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn plain_acks_are_the_packets_bytes_and_decode_back() {
+        let kinds: [(u8, fn(Ack) -> Packet); 4] = [
+            (ack_header::PUBACK, Packet::PubAck),
+            (ack_header::PUBREC, Packet::PubRec),
+            (ack_header::PUBREL, Packet::PubRel),
+            (ack_header::PUBCOMP, Packet::PubComp),
+        ];
+        for (header, packet) in kinds {
+            for level in [V311, V5] {
+                for packet_id in [1, 0x1234, u16::MAX] {
+                    for reason_code in [0, 0x10, reason::PACKET_IDENTIFIER_NOT_FOUND] {
+                        let ack = Ack {
+                            packet_id,
+                            reason_code,
+                            ..Default::default()
+                        };
+                        let mut want = BytesMut::new();
+                        packet(ack.clone()).encode(&mut want, level);
+                        let mut got = BytesMut::new();
+                        encode_plain_ack(&mut got, header, packet_id, reason_code, level);
+                        assert_eq!(
+                            got, want,
+                            "header {header:#x} level {level} id {packet_id} reason {reason_code}"
+                        );
+                        let decoded = decode(&mut got, Some(level), usize::MAX)
+                            .expect("decodes")
+                            .expect("whole");
+                        let reason_kept = if level == V5 { reason_code } else { 0 };
+                        assert_eq!(
+                            decoded,
+                            packet(Ack {
+                                reason_code: reason_kept,
+                                ..ack
+                            })
+                        );
+                    }
+                }
+            }
         }
     }
 
