@@ -11,7 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::hlc::parse_decimal;
-use crate::resp::{bulk_len, put_array_header, put_bulk_header, Decimal, Reader};
+use crate::resp::{bulk_len, put_array_header, put_bulk, put_bulk_header, Decimal, Reader};
 use crate::ErrorKind;
 
 /// SET condition.
@@ -103,7 +103,13 @@ impl Command {
     /// Appends what [`Command::encode`] returns to `out`, which must have
     /// room for [`Command::encoded_len_bound`] bytes if it cannot grow.
     pub fn encode_into<B: BufMut>(&self, out: &mut B) {
-        self.encode_pieces(|piece| out.put_slice(piece));
+        // Straight into `out`: no piece goes through a buffer of its own first.
+        self.with_args(|args| {
+            put_array_header(out, args.len());
+            for arg in args {
+                put_bulk(out, arg);
+            }
+        });
     }
 
     /// Hands what [`Command::encode`] returns to `f` in consecutive pieces,
@@ -822,6 +828,14 @@ mod tests {
             cmd.encode_into(&mut rest);
             let written = bound - rest.len();
             prop_assert_eq!(&buf[..written], &cmd.encode()[..]);
+        }
+
+        /// The pieces a request is hashed from are its encoding, in order.
+        #[test]
+        fn pieces_are_the_encoding(cmd in arb_command()) {
+            let mut joined = Vec::new();
+            cmd.encode_pieces(|piece| joined.extend_from_slice(piece));
+            prop_assert_eq!(&joined[..], &cmd.encode()[..]);
         }
 
         #[test]

@@ -185,7 +185,11 @@ impl Decimal {
 
 /// Appends `n` in decimal.
 pub(crate) fn put_decimal<B: BufMut>(out: &mut B, n: u64) {
-    out.put_slice(Decimal::new(n).as_bytes());
+    match u8::try_from(n) {
+        // Most lengths and counts of a request are one digit.
+        Ok(digit @ 0..=9) => out.put_u8(b'0' + digit),
+        _ => out.put_slice(Decimal::new(n).as_bytes()),
+    }
 }
 
 /// Appends `*<n>\r\n`.
