@@ -116,8 +116,17 @@ impl Hlc {
 /// Unsigned decimal with only ASCII digits; `None` on anything else.
 /// `u64::from_str` is not used because it accepts a leading `+`.
 pub(crate) fn parse_decimal(text: &str) -> Option<u64> {
+    /// Every number of this many digits fits in a `u64`.
+    const NEVER_OVERFLOWS: usize = 19;
     if text.is_empty() {
         return None;
+    }
+    if text.len() <= NEVER_OVERFLOWS {
+        // The common case (an HLC's 15 and 5 digits) without a check per digit for overflow.
+        return text.bytes().try_fold(0u64, |acc, b| {
+            let digit = b.wrapping_sub(b'0');
+            (digit <= 9).then(|| acc * 10 + u64::from(digit))
+        });
     }
     text.bytes().try_fold(0u64, |acc, b| {
         if !b.is_ascii_digit() {
@@ -507,6 +516,22 @@ mod tests {
             let ta = (a.wall_ms, a.counter, a.node_id.as_bytes());
             let tb = (b.wall_ms, b.counter, b.node_id.as_bytes());
             prop_assert_eq!(a.cmp(&b), ta.cmp(&tb));
+        }
+
+        /// What `u64::from_str` reads from digits alone, at every length around where a
+        /// `u64` may overflow; anything but digits is refused.
+        #[test]
+        fn decimals_are_read_as_the_standard_library_reads_them(
+            digits in "[0-9]{1,24}",
+            n in any::<u64>(),
+            junk in "[^0-9]",
+            at in any::<prop::sample::Index>(),
+        ) {
+            prop_assert_eq!(parse_decimal(&digits), digits.parse::<u64>().ok());
+            prop_assert_eq!(parse_decimal(&n.to_string()), Some(n));
+            let mut bad = digits.clone();
+            bad.insert_str(at.index(digits.len() + 1), &junk);
+            prop_assert_eq!(parse_decimal(&bad), None);
         }
 
         #[test]
