@@ -1122,6 +1122,12 @@ impl Conn {
         cx: &mut Context<'_>,
     ) -> Result<Step, Violation> {
         loop {
+            // Most acknowledgements are a packet id and at most a reason code: taken as that.
+            if let Some(ack) = codec::take_plain_ack(buf, self.level, max_in) {
+                self.inner.touch();
+                self.acknowledged(ack.header, ack.packet_id, ack.reason_code);
+                continue;
+            }
             let packet = match codec::decode(buf, Some(self.level), max_in) {
                 Ok(Some(p)) => p,
                 Ok(None) => return Ok(Step::Drained),
@@ -1142,21 +1148,14 @@ impl Conn {
                         self.hand_over(handoff, cx);
                     }
                 }
-                Packet::PubAck(a) | Packet::PubComp(a) => {
-                    self.session.complete(self.conn_id, a.packet_id);
+                Packet::PubAck(a) => {
+                    self.acknowledged(codec::ack_header::PUBACK, a.packet_id, a.reason_code);
+                }
+                Packet::PubComp(a) => {
+                    self.acknowledged(codec::ack_header::PUBCOMP, a.packet_id, a.reason_code);
                 }
                 Packet::PubRec(a) => {
-                    if !self
-                        .session
-                        .received(self.conn_id, a.packet_id, a.reason_code)
-                    {
-                        self.session.send_ack(
-                            self.conn_id,
-                            codec::ack_header::PUBREL,
-                            a.packet_id,
-                            reason::PACKET_IDENTIFIER_NOT_FOUND,
-                        );
-                    }
+                    self.acknowledged(codec::ack_header::PUBREC, a.packet_id, a.reason_code);
                 }
                 Packet::PubRel(a) => {
                     let known = self.session.state.lock().incoming_qos2.remove(&a.packet_id);
@@ -1199,6 +1198,23 @@ impl Conn {
                 | Packet::UnsubAck(_)
                 | Packet::PingResp => return Err(Violation(reason::PROTOCOL_ERROR)),
             }
+        }
+    }
+
+    /// A PUBACK, PUBCOMP or PUBREC (as `header` says, [`codec::ack_header`]) from the client
+    /// for a message sent to it.
+    fn acknowledged(&self, header: u8, packet_id: u16, reason_code: u8) {
+        if header == codec::ack_header::PUBREC {
+            if !self.session.received(self.conn_id, packet_id, reason_code) {
+                self.session.send_ack(
+                    self.conn_id,
+                    codec::ack_header::PUBREL,
+                    packet_id,
+                    reason::PACKET_IDENTIFIER_NOT_FOUND,
+                );
+            }
+        } else {
+            self.session.complete(self.conn_id, packet_id);
         }
     }
 

@@ -341,6 +341,46 @@ pub fn decode(
     decode_body(header, body, protocol_level).map(Some)
 }
 
+/// An acknowledgement taken from the buffer by [`take_plain_ack`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlainAck {
+    /// [`ack_header::PUBACK`], [`ack_header::PUBREC`] or [`ack_header::PUBCOMP`].
+    pub header: u8,
+    pub packet_id: u16,
+    pub reason_code: u8,
+}
+
+/// Takes a whole PUBACK, PUBREC or PUBCOMP without properties from the front of `buf` (the
+/// acknowledgements nearly every client sends), without building a [`Packet`]. `None`, with
+/// `buf` untouched, for anything else, including such a packet that is incomplete or invalid:
+/// [`decode`] then decodes it, or reports what is wrong with it.
+pub fn take_plain_ack(buf: &mut BytesMut, level: u8, max_packet_size: usize) -> Option<PlainAck> {
+    let (&header, rest) = buf.split_first()?;
+    if !matches!(
+        header,
+        ack_header::PUBACK | ack_header::PUBREC | ack_header::PUBCOMP
+    ) {
+        return None;
+    }
+    let (&remaining, rest) = rest.split_first()?;
+    let reason_code = match (remaining, level) {
+        (2, _) => 0,
+        (3, V5) => *rest.get(2)?,
+        _ => return None,
+    };
+    let len = 2 + usize::from(remaining);
+    let packet_id = u16::from_be_bytes([*rest.first()?, *rest.get(1)?]);
+    if packet_id == 0 || len > max_packet_size {
+        return None;
+    }
+    buf.advance(len);
+    Some(PlainAck {
+        header,
+        packet_id,
+        reason_code,
+    })
+}
+
 fn expect_flags(header: u8, flags: u8) -> Result<(), DecodeError> {
     if header & 0x0F != flags {
         return Err(DecodeError::Malformed("reserved fixed header flags"));
@@ -1175,6 +1215,90 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn plain_acks_are_taken_as_decode_reads_them() {
+        let mut packets = Vec::new();
+        for level in [V311, V5] {
+            for reason_code in [0, 0x10] {
+                for packet_id in [1, 0x1234] {
+                    let ack = || Ack {
+                        packet_id,
+                        reason_code,
+                        ..Default::default()
+                    };
+                    packets.push((level, Packet::PubAck(ack())));
+                    packets.push((level, Packet::PubRec(ack())));
+                    packets.push((level, Packet::PubComp(ack())));
+                    packets.push((level, Packet::PubRel(ack())));
+                }
+            }
+            let with_properties = Ack {
+                packet_id: 7,
+                reason_code: 0x10,
+                properties: Properties {
+                    user_properties: vec![("k".into(), "v".into())],
+                    ..Default::default()
+                },
+            };
+            packets.push((level, Packet::PubAck(with_properties)));
+            packets.push((level, Packet::PingReq));
+        }
+        for (level, packet) in packets {
+            let mut encoded = BytesMut::new();
+            packet.encode(&mut encoded, level);
+            encoded.extend_from_slice(b"next");
+            let mut taken = encoded.clone();
+            let mut decoded = encoded.clone();
+            let expected = decode(&mut decoded, Some(level), usize::MAX)
+                .expect("decodes")
+                .expect("whole");
+            match take_plain_ack(&mut taken, level, usize::MAX) {
+                Some(plain) => {
+                    let ack = Ack {
+                        packet_id: plain.packet_id,
+                        reason_code: plain.reason_code,
+                        ..Default::default()
+                    };
+                    let as_packet = match plain.header {
+                        ack_header::PUBACK => Packet::PubAck(ack),
+                        ack_header::PUBREC => Packet::PubRec(ack),
+                        ack_header::PUBCOMP => Packet::PubComp(ack),
+                        other => panic!("taken a packet with header {other:#x}"),
+                    };
+                    assert_eq!(as_packet, expected);
+                    assert_eq!(taken, decoded, "the same bytes are left");
+                }
+                None => {
+                    assert_eq!(taken, encoded, "nothing taken from {expected:?}");
+                    let plain = matches!(
+                        &expected,
+                        Packet::PubAck(a) | Packet::PubRec(a) | Packet::PubComp(a)
+                            if a.properties == Properties::default()
+                    );
+                    assert!(!plain, "a plain ack left behind: {expected:?}");
+                }
+            }
+        }
+        // Incomplete, invalid or too large: left for `decode` to judge.
+        for (bytes, max) in [
+            (&[0x40u8][..], usize::MAX),
+            (&[0x40, 2, 0][..], usize::MAX),
+            (&[0x40, 2, 0, 0][..], usize::MAX),
+            (&[0x41, 2, 0, 1][..], usize::MAX),
+            (&[0x40, 3, 0, 1][..], usize::MAX),
+            (&[0x40, 2, 0, 1][..], 3),
+        ] {
+            let mut buf = BytesMut::from(bytes);
+            assert_eq!(take_plain_ack(&mut buf, V5, max), None, "{bytes:?}");
+            assert_eq!(&buf[..], bytes);
+        }
+        let mut v311_with_reason = BytesMut::from(&[0x40u8, 3, 0, 1, 0x10][..]);
+        assert_eq!(
+            take_plain_ack(&mut v311_with_reason, V311, usize::MAX),
+            None
+        );
     }
 
     #[test]
