@@ -1177,7 +1177,8 @@ mod tests {
 
     #[test]
     fn plain_acks_are_the_packets_bytes_and_decode_back() {
-        let kinds: [(u8, fn(Ack) -> Packet); 4] = [
+        type Kind = (u8, fn(Ack) -> Packet);
+        let kinds: [Kind; 4] = [
             (ack_header::PUBACK, Packet::PubAck),
             (ack_header::PUBREC, Packet::PubRec),
             (ack_header::PUBREL, Packet::PubRel),
