@@ -51,15 +51,48 @@ impl StateMachine {
         now: u64,
         events: &mut Vec<ChangeEvent>,
     ) -> Result<(Response, Option<Hlc>), ErrorKind> {
-        if let Some(answer) = self.try_overwrite_in_place(request, set, now, events) {
-            return answer;
-        }
         let SetArgs {
             key,
             value,
             condition,
             px_ms,
         } = *set;
+        // The common SET, of a live key within the quota, walks the key tree once: the record
+        // is checked and replaced through the one reference. Anything else (a new key, an
+        // expired one, a quota that only expiring other keys could make room in) goes the
+        // general way below, nothing changed yet.
+        {
+            let StateMachine {
+                config,
+                clock,
+                keys,
+                expiry,
+                stored_bytes,
+                frozen,
+                ..
+            } = &mut *self;
+            if let Some(old) = keys.get_mut(&key[..]).filter(|r| r.is_live(now)) {
+                let stored_token = old.fencing_token.as_deref();
+                fencing::check(stored_token, request.ft.as_ref())?;
+                if let Some(refused) = refusal(old, condition, value) {
+                    return Ok(refused);
+                }
+                let replaced = footprint(key, &old.value);
+                if crate::quota::bytes_within(
+                    config,
+                    *stored_bytes,
+                    replaced,
+                    footprint(key, value),
+                ) {
+                    let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
+                    let version = clock.next_version(now, request.ts.as_ref());
+                    let record = new_record(value, &version, fencing_token, px_ms, now);
+                    overwrite(key, old, record, expiry, frozen, stored_bytes);
+                    events.push(set_event(key, value, &version));
+                    return Ok((Response::Ok, Some(version)));
+                }
+            }
+        }
         // One walk of the key tree serves the checks below. A record past
         // its deadline is absent for every command: it is purged (reporting
         // the deletion) and the key treated as free.
@@ -82,52 +115,6 @@ impl StateMachine {
         self.insert(key, new_record(value, &version, fencing_token, px_ms, now));
         events.push(set_event(key, value, &version));
         Ok((Response::Ok, Some(version)))
-    }
-
-    /// The common SET, of a live key within the quota, with the key tree walked once: the
-    /// record is checked and replaced through the one reference. `None` when the SET is not
-    /// that (a new key, an expired one, or a quota that only expiring other keys could make
-    /// room in): [`StateMachine::try_set`] goes the general way then, having changed nothing.
-    fn try_overwrite_in_place(
-        &mut self,
-        request: &Request,
-        set: &SetArgs<'_>,
-        now: u64,
-        events: &mut Vec<ChangeEvent>,
-    ) -> Option<Result<(Response, Option<Hlc>), ErrorKind>> {
-        let SetArgs {
-            key,
-            value,
-            condition,
-            px_ms,
-        } = *set;
-        let StateMachine {
-            config,
-            clock,
-            keys,
-            expiry,
-            stored_bytes,
-            frozen,
-            ..
-        } = self;
-        let old = keys.get_mut(&key[..]).filter(|r| r.is_live(now))?;
-        let stored_token = old.fencing_token.as_deref();
-        if let Err(kind) = fencing::check(stored_token, request.ft.as_ref()) {
-            return Some(Err(kind));
-        }
-        if let Some(refused) = refusal(old, condition, value) {
-            return Some(Ok(refused));
-        }
-        let replaced = footprint(key, &old.value);
-        if !crate::quota::bytes_within(config, *stored_bytes, replaced, footprint(key, value)) {
-            return None;
-        }
-        let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
-        let version = clock.next_version(now, request.ts.as_ref());
-        let record = new_record(value, &version, fencing_token, px_ms, now);
-        overwrite(key, old, record, expiry, frozen, stored_bytes);
-        events.push(set_event(key, value, &version));
-        Some(Ok((Response::Ok, Some(version))))
     }
 }
 
