@@ -457,8 +457,8 @@ impl Session {
     pub fn defer(&self, conn_id: u64) {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
-            // `queued_while_deferred` is clear here: only a deferral sets it, and only its end
-            // clears it.
+            // `queued_while_deferred` is left as it is: a deferral already under way (a service
+            // started while the reader defers) keeps what it has seen; only the end clears it.
             link.deferred = true;
         }
     }
