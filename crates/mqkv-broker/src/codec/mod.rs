@@ -777,10 +777,10 @@ impl Packet {
                 }
             }
             Packet::Publish(p) => PublishRef::new(p).encode(out, level),
-            Packet::PubAck(a) => encode_ack(out, ack_header::PUBACK, a, v5),
-            Packet::PubRec(a) => encode_ack(out, ack_header::PUBREC, a, v5),
-            Packet::PubRel(a) => encode_ack(out, ack_header::PUBREL, a, v5),
-            Packet::PubComp(a) => encode_ack(out, ack_header::PUBCOMP, a, v5),
+            Packet::PubAck(a) => encode_ack(out, ack_header::PUBACK, a, level),
+            Packet::PubRec(a) => encode_ack(out, ack_header::PUBREC, a, level),
+            Packet::PubRel(a) => encode_ack(out, ack_header::PUBREL, a, level),
+            Packet::PubComp(a) => encode_ack(out, ack_header::PUBCOMP, a, level),
             Packet::Subscribe(s) => {
                 let mut n = 2 + s.filters.iter().map(|(f, _)| 3 + f.len()).sum::<usize>();
                 if v5 {
@@ -900,14 +900,9 @@ pub fn encode_plain_ack(
     }
 }
 
-fn encode_ack(out: &mut BytesMut, header: u8, a: &Ack, v5: bool) {
-    if !v5 || (a.reason_code == 0 && a.properties.body_len() == 0) {
-        put_header(out, header, 2);
-        out.put_u16(a.packet_id);
-    } else if a.properties.body_len() == 0 {
-        put_header(out, header, 3);
-        out.put_u16(a.packet_id);
-        out.put_u8(a.reason_code);
+fn encode_ack(out: &mut BytesMut, header: u8, a: &Ack, level: u8) {
+    if level != V5 || a.properties.body_len() == 0 {
+        encode_plain_ack(out, header, a.packet_id, a.reason_code, level);
     } else {
         put_header(out, header, 3 + a.properties.encoded_len());
         out.put_u16(a.packet_id);
