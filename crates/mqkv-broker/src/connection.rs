@@ -702,6 +702,17 @@ impl CachedWaker {
             .get_or_insert_with(|| (task.clone(), crate::threads::home_waker(task)));
         wrapped
     }
+
+    /// Polls a service's future with the task's waker, wrapped.
+    fn poll(
+        &mut self,
+        future: &mut ServiceFuture,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<OutboundMessage>> {
+        future
+            .as_mut()
+            .poll(&mut Context::from_waker(self.get(cx.waker())))
+    }
 }
 
 /// What a connection asked to hand over found in what it had received.
@@ -1442,8 +1453,7 @@ impl Conn {
 
     /// Polls a service's future once.
     fn poll_work(&mut self, mut future: ServiceFuture, cx: &mut Context<'_>) -> Work {
-        let waker = self.waker.get(cx.waker());
-        match future.as_mut().poll(&mut Context::from_waker(waker)) {
+        match self.waker.poll(&mut future, cx) {
             Poll::Ready(answer) => Work::Done(answer),
             Poll::Pending => Work::Running(future),
         }
@@ -1462,13 +1472,10 @@ impl Conn {
         while let Some(front) = self.queued.front_mut() {
             let answer = match &mut front.work {
                 Work::Done(answer) => answer.take(),
-                Work::Running(future) => {
-                    let waker = self.waker.get(cx.waker());
-                    match future.as_mut().poll(&mut Context::from_waker(waker)) {
-                        Poll::Ready(answer) => answer,
-                        Poll::Pending => break,
-                    }
-                }
+                Work::Running(future) => match self.waker.poll(future, cx) {
+                    Poll::Ready(answer) => answer,
+                    Poll::Pending => break,
+                },
                 Work::NotStarted(..) => {
                     // Everything before it has finished: its turn.
                     let Some(Queued {
