@@ -85,6 +85,7 @@
 
 mod error;
 mod files;
+mod flavor;
 mod legacy_log;
 mod log_file;
 mod log_store;

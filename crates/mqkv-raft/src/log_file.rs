@@ -245,9 +245,8 @@ fn segment_name(seq: u64) -> String {
 fn encode(record: &Record, out: &mut Vec<u8>, masked_at: Option<u64>) -> io::Result<usize> {
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_LEN]);
-    let mut out_vec = std::mem::take(out);
-    out_vec = postcard::to_extend(record, out_vec).map_err(io::Error::other)?;
-    *out = out_vec;
+    *out = postcard::serialize_with_flavor(record, crate::flavor::VecFlavor(std::mem::take(out)))
+        .map_err(io::Error::other)?;
     let payload_len = out.len() - start - FRAME_LEN;
     let len = u32::try_from(payload_len)
         .ok()

@@ -159,9 +159,7 @@ impl StateShared {
         let hint = self.read().machine.snapshot_size_hint();
         let buffer = Vec::with_capacity(usize::try_from(hint).unwrap_or(0));
         let mut buffer = Some(buffer);
-        self.serialize_into(|| {
-            postcard::ser_flavors::ExtendFlavor::new(buffer.take().unwrap_or_default())
-        })
+        self.serialize_into(|| crate::flavor::VecFlavor(buffer.take().unwrap_or_default()))
     }
 
     /// Serializes the applied state into a flavor from `flavor`, with the
