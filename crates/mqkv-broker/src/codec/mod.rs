@@ -276,13 +276,39 @@ pub(crate) fn read_string(buf: &mut Bytes) -> Result<String, DecodeError> {
     let raw = buf
         .get(..len)
         .ok_or(DecodeError::Malformed("binary data truncated"))?;
-    let s = std::str::from_utf8(raw).map_err(|_| DecodeError::Malformed("invalid UTF-8 string"))?;
-    if memchr::memchr(0, raw).is_some() {
-        return Err(DecodeError::Malformed("string contains U+0000"));
-    }
+    let s = if ascii_without_nul(raw) {
+        // SAFETY: ASCII is UTF-8.
+        unsafe { std::str::from_utf8_unchecked(raw) }
+    } else {
+        let s =
+            std::str::from_utf8(raw).map_err(|_| DecodeError::Malformed("invalid UTF-8 string"))?;
+        if memchr::memchr(0, raw).is_some() {
+            return Err(DecodeError::Malformed("string contains U+0000"));
+        }
+        s
+    };
     let owned = s.to_owned();
     buf.advance(len);
     Ok(owned)
+}
+
+/// Whether `raw` is ASCII with no NUL, checked eight bytes at a time: a valid MQTT string, as
+/// topics, client ids and the request/response conventions' texts almost always are. The
+/// general checks (UTF-8, then a search for U+0000) each go over the bytes again.
+fn ascii_without_nul(raw: &[u8]) -> bool {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let mut words = raw.chunks_exact(8);
+    for word in &mut words {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(word);
+        let w = u64::from_le_bytes(bytes);
+        // A high bit set, or a zero byte (the classic test: exact when no high bit is set).
+        if (w | (w.wrapping_sub(LOW) & !w)) & HIGH != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|&b| b != 0 && b.is_ascii())
 }
 
 pub(crate) fn write_bin(out: &mut BytesMut, v: &[u8]) {
@@ -958,6 +984,7 @@ fn encode_connect(c: &Connect, out: &mut BytesMut) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Strategy as _;
 
     fn roundtrip(p: Packet, level: u8) -> Packet {
         let mut out = BytesMut::new();
@@ -1354,6 +1381,40 @@ mod tests {
                                 level in proptest::option::of(proptest::sample::select(vec![V311, V5]))) {
             let mut b = BytesMut::from(&data[..]);
             while let Ok(Some(_)) = decode(&mut b, level, 1 << 20) {}
+        }
+
+        /// A string is taken or refused exactly as the general checks (UTF-8, then no U+0000)
+        /// decide: texts mostly ASCII, with NULs, multi-byte characters, stray continuation
+        /// bytes and other high bytes mixed in, at every alignment.
+        #[test]
+        fn strings_are_checked_as_utf8_is(
+            lead in 0usize..9,
+            pieces in proptest::collection::vec(
+                proptest::prop_oneof![
+                    8 => (1u8..0x80).prop_map(|b| vec![b]),
+                    1 => proptest::strategy::Just(vec![0u8]),
+                    1 => proptest::char::any().prop_map(|c| c.to_string().into_bytes()),
+                    1 => (0x80u8..=0xFF).prop_map(|b| vec![b]),
+                ],
+                0..80,
+            ),
+        ) {
+            let text = pieces.concat();
+            let mut framed = vec![b'x'; lead];
+            framed.extend_from_slice(&(text.len() as u16).to_be_bytes());
+            framed.extend_from_slice(&text);
+            framed.push(b'!');
+            let mut buf = Bytes::from(framed).slice(lead..);
+            let expected = match std::str::from_utf8(&text) {
+                Err(_) => Err(DecodeError::Malformed("invalid UTF-8 string")),
+                Ok(t) if t.contains('\0') => Err(DecodeError::Malformed("string contains U+0000")),
+                Ok(t) => Ok(t.to_owned()),
+            };
+            let read = read_string(&mut buf);
+            if read.is_ok() {
+                proptest::prop_assert_eq!(&buf[..], b"!");
+            }
+            proptest::prop_assert_eq!(read, expected);
         }
     }
 }
