@@ -532,6 +532,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     // with its log id, so a snapshot never holds half of it.
                     let applied: Vec<Applied> = {
                         let mut state = self.shared.write();
+                        state.machine.prefetch(&requests);
                         let applied = requests.iter().map(|r| state.machine.apply(r)).collect();
                         state.last_applied = Some(entry.log_id);
                         applied

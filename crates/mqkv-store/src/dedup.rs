@@ -377,6 +377,14 @@ impl DedupTable {
         });
     }
 
+    /// Starts loading the part of the hash index where [`Self::find`] will
+    /// look for this identity: the index is megabytes, read at random, and a
+    /// proposal's entries can have theirs on the way together.
+    pub(crate) fn prefetch(&self, id: &DedupId) {
+        self.index
+            .prefetch(identity_hash(id.client_id.as_bytes(), &id.correlation));
+    }
+
     /// Looks a request's identity up once, for both [`Self::answer`] and
     /// [`Self::remember_found`].
     pub(crate) fn find(&self, id: &DedupId) -> Found {
