@@ -32,6 +32,8 @@ fuzz_target!(|data: &[u8]| {
         let Ok((entry, tail)) = postcard::take_from_bytes::<Entry>(entries) else {
             break;
         };
+        // As raft's state machine does before applying a proposal.
+        machine.prefetch(std::slice::from_ref(&entry));
         machine.apply(&entry);
         entries = tail;
     }
