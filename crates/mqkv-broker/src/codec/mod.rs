@@ -916,12 +916,11 @@ pub fn encode_plain_ack(
     reason_code: u8,
     level: u8,
 ) {
-    if level != V5 || reason_code == 0 {
-        out.put_slice(&[header, 2]);
-        out.put_u16(packet_id);
-    } else {
-        out.put_slice(&[header, 3]);
-        out.put_u16(packet_id);
+    // MQTT 5 leaves out a reason code of 0; 3.1.1 has none.
+    let with_reason = level == V5 && reason_code != 0;
+    put_header(out, header, 2 + usize::from(with_reason));
+    out.put_u16(packet_id);
+    if with_reason {
         out.put_u8(reason_code);
     }
 }
