@@ -200,12 +200,8 @@ impl StateMachine {
     /// it in the cache. Changes nothing.
     pub fn prefetch(&self, entries: &[Entry]) {
         for entry in entries {
-            if let Op::Request(request) = &entry.op {
-                if let Some(id) = request.dedup.as_ref() {
-                    if request.command.is_write() {
-                        self.dedup.prefetch(id);
-                    }
-                }
+            if let Some(id) = remembered_as(&entry.op) {
+                self.dedup.prefetch(id);
             }
         }
     }
@@ -223,11 +219,7 @@ impl StateMachine {
                 Applied::reply(Response::Ok, None)
             }
             Op::Request(request) => {
-                let dedup = request
-                    .dedup
-                    .as_ref()
-                    .filter(|_| request.command.is_write());
-                let Some(id) = dedup else {
+                let Some(id) = remembered_as(&entry.op) else {
                     return self.apply_request(request, now);
                 };
                 let fingerprint = crate::dedup::fingerprint(&request.command);
@@ -388,6 +380,18 @@ pub(crate) fn overwrite(
     *stored_bytes -= footprint(key, &old.value);
     *stored_bytes += footprint(key, &record.value);
     *old = record;
+}
+
+/// The identity under which the answer to `op` is remembered for
+/// redeliveries: a write's with one. Reads are idempotent and not remembered.
+fn remembered_as(op: &Op) -> Option<&crate::DedupId> {
+    match op {
+        Op::Request(request) => request
+            .dedup
+            .as_ref()
+            .filter(|_| request.command.is_write()),
+        Op::ExpireDue | Op::SetLimits(_) => None,
+    }
 }
 
 #[cfg(test)]
