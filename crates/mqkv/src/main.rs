@@ -1,12 +1,13 @@
 //! The `mqkv` command: `mqkv serve` runs the broker and state store; the
 //! other subcommands (in `cli`) are state store clients.
 
+mod alloc;
 mod cli;
 
 /// mimalloc: fewer cycles per allocation than glibc's malloc on the request path, and
 /// memory freed after a snapshot goes back to the system instead of staying resident.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::MiMalloc = alloc::MiMalloc;
 
 use std::io::Write;
 use std::net::SocketAddr;
