@@ -183,20 +183,23 @@ impl Decimal {
     }
 }
 
-/// Appends `n` in decimal.
-pub(crate) fn put_decimal<B: BufMut>(out: &mut B, n: u64) {
+/// Appends `<mark><n>\r\n` with one copy into `out`: the header of an array or a bulk string.
+fn put_length_line<B: BufMut>(out: &mut B, mark: u8, n: usize) {
     match u8::try_from(n) {
-        // Most lengths and counts of a request are one digit.
-        Ok(digit @ 0..=9) => out.put_u8(b'0' + digit),
-        _ => out.put_slice(Decimal::new(n).as_bytes()),
+        // Keys, short values and argument counts: one or two digits.
+        Ok(digit @ 0..=9) => out.put_slice(&[mark, b'0' + digit, b'\r', b'\n']),
+        Ok(two @ 10..=99) => out.put_slice(&[mark, b'0' + two / 10, b'0' + two % 10, b'\r', b'\n']),
+        _ => {
+            out.put_u8(mark);
+            out.put_slice(Decimal::new(n as u64).as_bytes());
+            out.put_slice(b"\r\n");
+        }
     }
 }
 
 /// Appends `*<n>\r\n`.
 pub(crate) fn put_array_header<B: BufMut>(out: &mut B, n: usize) {
-    out.put_u8(b'*');
-    put_decimal(out, n as u64);
-    out.put_slice(b"\r\n");
+    put_length_line(out, b'*', n);
 }
 
 /// Appends `$<len>\r\n<bytes>\r\n`.
@@ -208,9 +211,7 @@ pub(crate) fn put_bulk<B: BufMut>(out: &mut B, bytes: &[u8]) {
 
 /// Appends `$<len>\r\n`, what precedes a bulk string of `len` bytes.
 pub(crate) fn put_bulk_header<B: BufMut>(out: &mut B, len: usize) {
-    out.put_u8(b'$');
-    put_decimal(out, len as u64);
-    out.put_slice(b"\r\n");
+    put_length_line(out, b'$', len);
 }
 
 /// Upper bound of the encoded size of one bulk string, for reservations.
@@ -230,9 +231,19 @@ mod tests {
     #[test]
     fn decimals_match_std_formatting() {
         for n in [0, 1, 9, 10, 99, 100, 12_345, u64::from(u32::MAX), u64::MAX] {
+            assert_eq!(Decimal::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    /// Array and bulk headers are the mark, the decimal length and CRLF, on both sides of
+    /// each width the headers are written at.
+    #[test]
+    fn length_lines_match_std_formatting() {
+        for n in (0..=1_100).chain([9_999, 10_000, 65_535, 1 << 20, u32::MAX as usize]) {
             let mut out = BytesMut::new();
-            put_decimal(&mut out, n);
-            assert_eq!(&out[..], n.to_string().as_bytes());
+            put_array_header(&mut out, n);
+            put_bulk_header(&mut out, n);
+            assert_eq!(&out[..], format!("*{n}\r\n${n}\r\n").as_bytes());
         }
     }
 
