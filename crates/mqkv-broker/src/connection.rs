@@ -334,6 +334,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         published: false,
         read_room,
         queued: VecDeque::new(),
+        front_fresh: false,
     };
     conn.serve(rd, buf, keep_alive, writer, live).await;
 }
@@ -627,6 +628,9 @@ struct Conn {
     /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front
     /// one is never done (a done front is acknowledged and removed at once).
     queued: VecDeque<Queued>,
+    /// The front publish's work was started, and with it polled, in the pass over received
+    /// packets under way: polled again before anything wakes it, it would find nothing new.
+    front_fresh: bool,
 }
 
 /// A publish to a service, waiting for its work or for earlier answers and acknowledgements.
@@ -804,6 +808,10 @@ impl Conn {
         let mut move_registered = false;
         // Packets may already be buffered behind CONNECT, so process before the first read.
         let mut received = true;
+        // The queued publishes' first look is skipped when it would only poll the work that the
+        // pass just started (see `Conn::front_fresh`): whatever wakes that work wakes this task,
+        // and the look after the wake-up polls it.
+        let mut skip_queued;
         let end = loop {
             if !shutdown_registered && self.inner.shutting_down.load(Ordering::SeqCst) {
                 // Shutdown began before this loop watched for it (a connection that moved).
@@ -817,6 +825,11 @@ impl Conn {
                 self.session.defer(self.conn_id);
                 let processed = self.process(&mut buf, max_in).await;
                 self.flush_inline();
+                skip_queued = self.front_fresh
+                    && !self
+                        .queued
+                        .iter()
+                        .any(|q| matches!(q.work, Work::NotStarted(..)));
                 match processed {
                     Ok(None) => {}
                     Ok(Some(end)) => break end,
@@ -826,6 +839,8 @@ impl Conn {
                         break End::Abnormal;
                     }
                 }
+            } else {
+                skip_queued = false;
             }
             let room = self.read_room.make(&mut buf);
             // Until a read brings more, `buf` holds no whole packet.
@@ -883,7 +898,13 @@ impl Conn {
                         }
                     }
                 }
-                () = std::future::poll_fn(|cx| self.poll_queued(cx)), if !self.queued.is_empty() => {}
+                () = std::future::poll_fn(|cx| {
+                    if std::mem::take(&mut skip_queued) {
+                        Poll::Pending
+                    } else {
+                        self.poll_queued(cx)
+                    }
+                }), if !self.queued.is_empty() => {}
                 r = rd.read_buf(&mut buf) => match r {
                     Ok(0) | Err(_) => {
                         // The peer is gone: nothing more can be written to it.
@@ -1097,6 +1118,7 @@ impl Conn {
         buf: &mut BytesMut,
         max_in: usize,
     ) -> Result<Option<End>, Violation> {
+        self.front_fresh = false;
         loop {
             // Everything but the two waits below is done in one synchronous pass: no packet is
             // moved into a future of its own on its way to a service.
@@ -1405,6 +1427,7 @@ impl Conn {
             publish,
             ack,
         } = handoff;
+        let was_empty = self.queued.is_empty();
         let work = if matches!(
             self.queued.back(),
             Some(Queued {
@@ -1420,7 +1443,10 @@ impl Conn {
         };
         match work {
             Work::Done(answer) => self.finished(answer, ack),
-            work => self.queued.push_back(Queued { work, ack }),
+            work => {
+                self.front_fresh |= was_empty && matches!(work, Work::Running(_));
+                self.queued.push_back(Queued { work, ack });
+            }
         }
     }
 
@@ -1463,6 +1489,7 @@ impl Conn {
     /// whose turn it is, and starts those not started yet once the service lets them. Ready
     /// once at least one was acknowledged.
     fn poll_queued(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.front_fresh = false;
         let before = self.queued.len();
         // Output is deferred (and flushed at the end) only once there is some: most polls find
         // the oldest publish still under way and have nothing to write.
