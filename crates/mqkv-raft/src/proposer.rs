@@ -197,7 +197,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let result = match raft.client_write(Proposal(entries.into())).await {
+        let result = match raft.client_write(Proposal(Arc::new(entries))).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(WriteError::NotLeader {

@@ -43,10 +43,11 @@ pub(crate) type Vote = openraft::Vote<NodeId>;
 /// Store entries that share one raft log entry (and so one fsync). See
 /// `proposer` for how they are gathered. Shared: openraft copies a log
 /// entry on its way to being applied (the log hands out clones), and a copy
-/// should not copy every request in it. Encoded as a sequence, as a `Vec`
-/// of entries is.
+/// should not copy every request in it. The vector the proposer gathered
+/// them in is shared as it is (a shared slice would be a copy of every
+/// entry). Encoded as a sequence, as a `Vec` of entries is.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Proposal(pub(crate) Arc<[mqkv_store::Entry]>);
+pub(crate) struct Proposal(pub(crate) Arc<Vec<mqkv_store::Entry>>);
 
 /// What applying one client entry answered. openraft wants responses to be
 /// serde types; [`Applied`] is not one, so this mirrors its fields.
@@ -105,7 +106,7 @@ mod tests {
             },
         ];
         let as_vec = postcard::to_stdvec(&entries).unwrap();
-        let proposal = Proposal(entries.into());
+        let proposal = Proposal(Arc::new(entries));
         assert_eq!(postcard::to_stdvec(&proposal).unwrap(), as_vec);
         let read: Proposal = postcard::from_bytes(&as_vec).unwrap();
         assert_eq!(read, proposal);
