@@ -18,10 +18,6 @@ pub(crate) struct Malformed;
 /// The smallest encoding of one bulk string (`$0\r\n\r\n`).
 const MIN_BULK_LEN: usize = 6;
 
-/// The ranges of an array's bulk strings. A request has a handful (`SET key value PX ms` five),
-/// kept inline so that parsing one allocates nothing for them.
-pub(crate) type Ranges = smallvec::SmallVec<[Range<usize>; 8]>;
-
 /// A forward-only cursor over a payload.
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
@@ -125,9 +121,9 @@ impl<'a> Reader<'a> {
     }
 
     /// An array of `n` bulk strings after its header, as ranges.
-    pub(crate) fn bulk_elements(&mut self, n: usize) -> Result<Ranges, Malformed> {
+    pub(crate) fn bulk_elements(&mut self, n: usize) -> Result<Vec<Range<usize>>, Malformed> {
         // `n` is already bounded by the payload size (see `array_header`).
-        let mut ranges = Ranges::with_capacity(n);
+        let mut ranges = Vec::with_capacity(n);
         for _ in 0..n {
             ranges.push(self.bulk()?);
         }
@@ -135,7 +131,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A whole payload that is exactly one non-empty array of bulk strings.
-    pub(crate) fn whole_bulk_array(buf: &'a [u8]) -> Result<Ranges, Malformed> {
+    pub(crate) fn whole_bulk_array(buf: &'a [u8]) -> Result<Vec<Range<usize>>, Malformed> {
         let mut reader = Reader::new(buf);
         let n = reader.array_header()?;
         if n == 0 {
