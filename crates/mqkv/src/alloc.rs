@@ -29,31 +29,40 @@ fn plain_block_fits(size: usize, align: usize) -> bool {
 /// mimalloc behind the standard allocator interface.
 pub struct MiMalloc;
 
+/// A block for `layout` from `plain` when a plain block is aligned enough, else from `aligned`
+/// (the same kind of block, zeroed or not).
+///
+/// # Safety
+/// `plain` and `aligned` must be mimalloc's allocation functions.
+#[inline]
+unsafe fn block(
+    layout: Layout,
+    plain: unsafe extern "C" fn(usize) -> *mut c_void,
+    aligned: unsafe extern "C" fn(usize, usize) -> *mut c_void,
+) -> *mut u8 {
+    // SAFETY: mimalloc's allocation functions accept any size and a power-of-two alignment.
+    unsafe {
+        if plain_block_fits(layout.size(), layout.align()) {
+            plain(layout.size()).cast()
+        } else {
+            aligned(layout.size(), layout.align()).cast()
+        }
+    }
+}
+
 // SAFETY: every block comes from mimalloc, aligned as the layout asks (see the module notes),
 // and is given back to mimalloc; `mi_free` takes blocks from either kind of entry point.
 unsafe impl GlobalAlloc for MiMalloc {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: mimalloc's allocation functions accept any size and a power-of-two alignment.
-        unsafe {
-            if plain_block_fits(layout.size(), layout.align()) {
-                mi::mi_malloc(layout.size()).cast()
-            } else {
-                mi::mi_malloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: the two are mimalloc's allocation functions.
+        unsafe { block(layout, mi::mi_malloc, mi::mi_malloc_aligned) }
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: as for `alloc`.
-        unsafe {
-            if plain_block_fits(layout.size(), layout.align()) {
-                mi::mi_zalloc(layout.size()).cast()
-            } else {
-                mi::mi_zalloc_aligned(layout.size(), layout.align()).cast()
-            }
-        }
+        // SAFETY: the two are mimalloc's zeroing allocation functions.
+        unsafe { block(layout, mi::mi_zalloc, mi::mi_zalloc_aligned) }
     }
 
     #[inline]
