@@ -7,11 +7,10 @@
 //! stays without free blocks, so every later allocation of that size takes the slow path too,
 //! and every free of such a block has to find the block's start first.
 //!
-//! Every mimalloc block of 16 bytes or more starts on a 16-byte boundary, and smaller blocks on
-//! an 8-byte one (blocks are whole words, and small sizes are rounded to two words). A layout
-//! whose alignment is at most 16 and at most its size is therefore served by `mi_malloc` (the
-//! rule Rust's own `System` allocator applies to `malloc`); any other goes to the aligned entry
-//! points.
+//! Every mimalloc block of 16 bytes or more starts on a 16-byte boundary (`MI_MAX_ALIGN_SIZE`),
+//! and smaller requests are rounded up to blocks of two words. A layout whose alignment is at
+//! most 16 and at most its size is therefore served by `mi_malloc` (the rule Rust's own `System`
+//! allocator applies to `malloc`); any other goes to the aligned entry points.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::ffi::c_void;
