@@ -629,7 +629,8 @@ struct Conn {
     /// one is never done (a done front is acknowledged and removed at once).
     queued: VecDeque<Queued>,
     /// The front publish's work was started, and with it polled, in the pass over received
-    /// packets under way: polled again before anything wakes it, it would find nothing new.
+    /// packets under way, and no publish waits to start behind it: looked at again before
+    /// anything wakes that work, the queue would give nothing new.
     front_fresh: bool,
 }
 
@@ -825,11 +826,7 @@ impl Conn {
                 self.session.defer(self.conn_id);
                 let processed = self.process(&mut buf, max_in).await;
                 self.flush_inline();
-                skip_queued = self.front_fresh
-                    && !self
-                        .queued
-                        .iter()
-                        .any(|q| matches!(q.work, Work::NotStarted(..)));
+                skip_queued = self.front_fresh;
                 match processed {
                     Ok(None) => {}
                     Ok(Some(end)) => break end,
@@ -1444,7 +1441,11 @@ impl Conn {
         match work {
             Work::Done(answer) => self.finished(answer, ack),
             work => {
-                self.front_fresh |= was_empty && matches!(work, Work::Running(_));
+                // A publish left waiting to start may be started alongside on the next look.
+                self.front_fresh = match work {
+                    Work::Running(_) => self.front_fresh || was_empty,
+                    _ => false,
+                };
                 self.queued.push_back(Queued { work, ack });
             }
         }
