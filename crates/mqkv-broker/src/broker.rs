@@ -113,7 +113,11 @@ impl Broker {
         config: BrokerConfig,
         auth: Arc<dyn Authenticator>,
     ) -> std::io::Result<Broker> {
-        let threads = ConnThreads::start(config.threads(), config.pin_connection_threads)?;
+        let threads = ConnThreads::start(
+            config.threads(),
+            config.pin_connection_threads,
+            config.batch_connection_threads,
+        )?;
         let (shutdown, _) = watch::channel(false);
         let broker = Broker {
             inner: Arc::new(Inner {

@@ -42,6 +42,11 @@ pub struct BrokerConfig {
     /// more threads than such CPUs. Set by the server from its `pin_workers` setting.
     #[serde(skip)]
     pub pin_connection_threads: bool,
+    /// Runs the connection threads under the kernel's batch scheduling policy (`SCHED_BATCH`,
+    /// Linux): a woken connection thread does not preempt the thread running on its CPU. Set
+    /// by the server from its `batch_scheduling` setting.
+    #[serde(skip)]
+    pub batch_connection_threads: bool,
     /// Moves a connection to the connection thread whose publishers send it (nearly) all its
     /// messages, so a publish and its deliveries are handled on one thread (see
     /// the broker's `threads` module).
@@ -79,6 +84,7 @@ impl Default for BrokerConfig {
             users: Vec::new(),
             connection_threads: 0,
             pin_connection_threads: false,
+            batch_connection_threads: false,
             co_locate: true,
         }
     }

@@ -197,8 +197,9 @@ impl Drop for LentThread {
 
 impl ConnThreads {
     /// Starts `n` threads (at least one), each pinned to a CPU of its own if `pin` (see
-    /// [`affinity::plan`]).
-    pub(crate) fn start(n: usize, pin: bool) -> std::io::Result<ConnThreads> {
+    /// [`affinity::plan`]), and under the batch policy if `batch` (see
+    /// [`affinity::batch_current_thread`]; the runtimes' threads for blocking work inherit it).
+    pub(crate) fn start(n: usize, pin: bool, batch: bool) -> std::io::Result<ConnThreads> {
         let n = n.max(1);
         let (allowed, cpus) = if pin {
             let allowed = affinity::allowed_cpus();
@@ -248,6 +249,11 @@ impl ConnThreads {
                     if let Some(cpu) = cpu {
                         if let Err(e) = affinity::pin_current_thread(cpu) {
                             tracing::warn!(cpu, error = %e, "cannot pin a connection thread");
+                        }
+                    }
+                    if batch {
+                        if let Err(e) = affinity::batch_current_thread() {
+                            tracing::warn!(error = %e, "cannot batch-schedule a connection thread");
                         }
                     }
                     let _ = started_tx.send(());
@@ -476,7 +482,7 @@ mod tests {
     /// connections, plus [`MOVE_SLACK`]; there is no thread 0 or beyond the last.
     #[test]
     fn a_thread_with_more_than_twice_its_share_takes_no_moved_connection() {
-        let threads = ConnThreads::start(4, false).expect("threads");
+        let threads = ConnThreads::start(4, false, false).expect("threads");
         let set = |counts: [usize; 4]| {
             for (t, n) in threads.threads.iter().zip(counts) {
                 t.live.store(n, Ordering::Relaxed);
@@ -499,7 +505,7 @@ mod tests {
     /// earlier ones end.
     #[tokio::test]
     async fn connections_placed_from_elsewhere_spread_over_the_threads() {
-        let threads = ConnThreads::start(2, false).expect("threads");
+        let threads = ConnThreads::start(2, false, false).expect("threads");
         let (tx, rx) = mpsc::channel();
         let mut clients = Vec::new();
         let mut homes = Vec::new();
@@ -538,7 +544,7 @@ mod tests {
     fn pinned_threads_run_on_a_cpu_each() {
         let allowed = affinity::allowed_cpus();
         let n = allowed.len().min(2);
-        let threads = ConnThreads::start(n, true).expect("threads");
+        let threads = ConnThreads::start(n, true, false).expect("threads");
         let seen = cpus_of(&threads);
         if cfg!(target_os = "linux") && allowed.len() > 1 {
             assert_eq!(seen, vec![vec![allowed[0]], vec![allowed[1]]]);
@@ -550,17 +556,17 @@ mod tests {
     #[test]
     fn threads_are_not_pinned_unless_asked_or_when_they_would_share() {
         let allowed = affinity::allowed_cpus();
-        let unpinned = ConnThreads::start(2, false).expect("threads");
+        let unpinned = ConnThreads::start(2, false, false).expect("threads");
         assert_eq!(cpus_of(&unpinned), vec![allowed.clone(); 2]);
         let more = allowed.len() + 1;
-        let crowded = ConnThreads::start(more, true).expect("threads");
+        let crowded = ConnThreads::start(more, true, false).expect("threads");
         assert_eq!(cpus_of(&crowded), vec![allowed; more]);
     }
 
     #[test]
     fn blocking_threads_of_a_pinned_thread_may_run_on_every_cpu() {
         let allowed = affinity::allowed_cpus();
-        let threads = ConnThreads::start(allowed.len().min(2), true).expect("threads");
+        let threads = ConnThreads::start(allowed.len().min(2), true, false).expect("threads");
         let (tx, rx) = mpsc::channel();
         threads.spawn_on(0, async move {
             let blocking = tokio::task::spawn_blocking(affinity::allowed_cpus).await;
@@ -573,15 +579,45 @@ mod tests {
         assert_eq!(blocking, Some(allowed), "its blocking threads are not");
     }
 
+    /// Whether each thread, and a blocking thread of its runtime, runs under the batch policy.
+    #[cfg(target_os = "linux")]
+    fn batch_of(threads: &ConnThreads) -> Vec<(bool, bool)> {
+        (0..threads.len())
+            .map(|i| {
+                let (tx, rx) = mpsc::channel();
+                threads.spawn_on(i, async move {
+                    let blocking = tokio::task::spawn_blocking(affinity::current_thread_is_batch)
+                        .await
+                        .expect("blocking task");
+                    let _ = tx.send((affinity::current_thread_is_batch(), blocking));
+                });
+                rx.recv_timeout(Duration::from_secs(5)).expect("reported")
+            })
+            .collect()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn threads_run_under_the_batch_policy_when_asked_only() {
+        let batch = ConnThreads::start(2, false, true).expect("threads");
+        assert_eq!(batch_of(&batch), vec![(true, true); 2]);
+        let normal = ConnThreads::start(2, false, false).expect("threads");
+        assert_eq!(batch_of(&normal), vec![(false, false); 2]);
+        assert!(
+            !affinity::current_thread_is_batch(),
+            "the thread that started them keeps its policy"
+        );
+    }
+
     #[test]
     fn pinned_threads_on_every_cpu_are_told_apart_from_fewer() {
         let allowed = affinity::allowed_cpus();
-        let all = ConnThreads::start(allowed.len(), true).expect("threads");
-        let unpinned = ConnThreads::start(allowed.len(), false).expect("threads");
+        let all = ConnThreads::start(allowed.len(), true, false).expect("threads");
+        let unpinned = ConnThreads::start(allowed.len(), false, false).expect("threads");
         assert!(!unpinned.on_every_cpu());
         if cfg!(target_os = "linux") && allowed.len() > 1 {
             assert!(all.on_every_cpu());
-            let fewer = ConnThreads::start(allowed.len() - 1, true).expect("threads");
+            let fewer = ConnThreads::start(allowed.len() - 1, true, false).expect("threads");
             assert!(!fewer.on_every_cpu());
         } else {
             assert!(!all.on_every_cpu(), "one CPU: nothing is pinned");
@@ -590,7 +626,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lent_thread_outlives_the_others_until_the_loan_ends() {
-        let threads = ConnThreads::start(2, false).expect("threads");
+        let threads = ConnThreads::start(2, false, false).expect("threads");
         let lent = threads.lend_last().expect("lent");
         assert!(threads.lend_last().is_none(), "lent once only");
         // Work spawned through the loan runs on the lent connection thread.
@@ -638,7 +674,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_from_another_thread_goes_through_the_outbox() {
-        let threads = ConnThreads::start(1, false).expect("threads");
+        let threads = ConnThreads::start(1, false, false).expect("threads");
         let (server, _client) = accepted().await;
         let woken = Arc::new(AtomicBool::new(false));
         let (waker_tx, waker_rx) = mpsc::channel();
@@ -685,7 +721,7 @@ mod tests {
 
     #[tokio::test]
     async fn stopping_drops_the_connections_left() {
-        let threads = ConnThreads::start(2, false).expect("threads");
+        let threads = ConnThreads::start(2, false, false).expect("threads");
         let (server, _client) = accepted().await;
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = SetOnDrop(dropped.clone());
@@ -731,7 +767,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_is_served_by_the_thread_that_accepted_it() {
-        let threads = Arc::new(ConnThreads::start(2, false).expect("threads"));
+        let threads = Arc::new(ConnThreads::start(2, false, false).expect("threads"));
         for index in [0, 1, 1, 0] {
             assert_eq!(accept_and_place(&threads, index, false).await, index + 1);
         }
@@ -739,7 +775,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busier_thread_hands_what_it_accepts_to_the_least_busy() {
-        let threads = Arc::new(ConnThreads::start(2, false).expect("threads"));
+        let threads = Arc::new(ConnThreads::start(2, false, false).expect("threads"));
         let mut homes = Vec::new();
         for _ in 0..6 {
             homes.push(accept_and_place(&threads, 0, true).await);

@@ -84,6 +84,12 @@ pub struct ServerConfig {
     /// of the log's thread idle while the connection threads queue on the other. Rounds 17 and
     /// 23 of `docs/bench/changes.md` measure both ways.
     pub pin_workers: bool,
+    /// Runs the connection threads under the kernel's batch scheduling policy (`SCHED_BATCH`,
+    /// Linux; on unless told otherwise): a connection thread woken by a packet or a completed
+    /// log write does not preempt the thread running on its CPU, so clients sharing the CPU
+    /// send more before it runs and each of its passes finds more to do (round 36 of
+    /// `docs/bench/changes.md`).
+    pub batch_scheduling: bool,
     /// Where the state store's raft runs (see [`RaftThread`]). Sharing a connection thread
     /// saves the thread hand-offs of every write for that thread's half of the clients, and
     /// with disk storage keeps serving them while the disk syncs (durable SET at 64 clients on
@@ -108,6 +114,7 @@ impl Default for ServerConfig {
             persist_interval_ms: 1000,
             workers: None,
             pin_workers: true,
+            batch_scheduling: true,
             raft_thread: RaftThread::Auto,
             direct_log_writes: true,
         }
@@ -153,6 +160,7 @@ mod tests {
             storage = "memory"
             workers = 3
             pin_workers = false
+            batch_scheduling = false
             raft_thread = "shared"
             direct_log_writes = false
             [broker]
@@ -183,6 +191,11 @@ mod tests {
         );
         assert_eq!(c.workers, Some(3));
         assert!(!c.pin_workers, "memory storage, told not to pin");
+        assert!(!c.batch_scheduling);
+        assert!(
+            ServerConfig::default().batch_scheduling,
+            "on unless told otherwise"
+        );
         assert_eq!(c.raft_thread, RaftThread::Shared);
         assert_eq!(ServerConfig::default().raft_thread, RaftThread::Auto);
         assert!(!c.direct_log_writes);

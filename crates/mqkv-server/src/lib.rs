@@ -47,6 +47,7 @@ impl Server {
         let mut broker_config = config.broker.clone();
         broker_config.connection_threads = config.workers.unwrap_or(0);
         broker_config.pin_connection_threads = config.pin_workers;
+        broker_config.batch_connection_threads = config.batch_scheduling;
         let broker = Broker::new(broker_config).map_err(StartError::Threads)?;
         let saver = match config.storage {
             StorageKind::Memory => None,

@@ -92,6 +92,10 @@ struct ServeArgs {
     /// more threads than CPUs, or only one).
     #[arg(long, value_name = "BOOL")]
     pin_workers: Option<bool>,
+    /// Run the connection threads under the kernel's batch scheduling policy, so a woken
+    /// connection thread does not preempt the thread running on its CPU (default: true).
+    #[arg(long, value_name = "BOOL")]
+    batch_scheduling: Option<bool>,
     /// Thread of the state store's raft: `auto` (default: a connection thread's when they are
     /// pinned one to every CPU, else its own), `own`, or `shared`.
     #[arg(long, value_parser = parse_raft_thread, value_name = "auto|own|shared")]
@@ -185,6 +189,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.pin_workers {
             c.pin_workers = v;
+        }
+        if let Some(v) = self.batch_scheduling {
+            c.batch_scheduling = v;
         }
         if let Some(v) = self.raft_thread {
             c.raft_thread = v;

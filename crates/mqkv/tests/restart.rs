@@ -237,6 +237,52 @@ fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
     (main, threads)
 }
 
+/// The scheduling policy (`/proc/PID/task/TID/stat`, field 41) of the process's main thread
+/// and of each connection thread.
+#[cfg(target_os = "linux")]
+fn conn_thread_policies(pid: u32) -> (u32, Vec<u32>) {
+    let policy = |stat: std::path::PathBuf| -> u32 {
+        let text = std::fs::read_to_string(stat).expect("stat");
+        // Fields after the command name, which ends with the last ')': the state is field 3.
+        let after = text.rsplit_once(')').expect("command name").1;
+        after
+            .split_whitespace()
+            .nth(41 - 3)
+            .and_then(|f| f.parse().ok())
+            .expect("policy field")
+    };
+    let main = policy(format!("/proc/{pid}/stat").into());
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
+        let task = task.expect("task").path();
+        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
+        if comm.starts_with("mqkv-conn-") {
+            threads.push(policy(task.join("stat")));
+        }
+    }
+    (main, threads)
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn connection_threads_are_batch_scheduled_unless_told_not_to() {
+    const NORMAL: u32 = 0;
+    const BATCH: u32 = 3;
+    let server = ServerProcess::start(&["--workers", "2"]);
+    let (main, threads) = conn_thread_policies(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(main, NORMAL, "the main thread keeps its policy");
+    assert_eq!(threads, vec![BATCH; 2], "by default");
+
+    let server = ServerProcess::start(&["--workers", "2", "--batch-scheduling", "false"]);
+    let (_, threads) = conn_thread_policies(server.pid());
+    assert!(server.stop().success());
+    assert_eq!(threads, vec![NORMAL; 2], "told not to");
+
+    let err = serve_refused(&["--listen", "127.0.0.1:0", "--batch-scheduling", "often"]);
+    assert!(err.contains("--batch-scheduling"), "names the flag: {err}");
+}
+
 #[cfg(target_os = "linux")]
 #[test]
 fn connection_threads_are_pinned_unless_told_not_to() {
