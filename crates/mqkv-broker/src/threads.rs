@@ -251,7 +251,8 @@ impl ConnThreads {
                             tracing::warn!(cpu, error = %e, "cannot pin a connection thread");
                         }
                     }
-                    if batch {
+                    // Elsewhere the policy does not exist: nothing to ask for.
+                    if batch && cfg!(target_os = "linux") {
                         if let Err(e) = affinity::batch_current_thread() {
                             tracing::warn!(error = %e, "cannot batch-schedule a connection thread");
                         }
