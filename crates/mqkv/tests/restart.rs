@@ -222,27 +222,34 @@ fn cpus_allowed(status: impl AsRef<std::path::Path>) -> String {
         .expect("Cpus_allowed_list")
 }
 
-/// `Cpus_allowed_list` of the process's main thread and of each `mqkv-conn-*` thread.
+/// What `read` finds in the `/proc` directory of the process (its main thread's) and in that of
+/// each `mqkv-conn-*` thread.
 #[cfg(target_os = "linux")]
-fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
-    let main = cpus_allowed(format!("/proc/{pid}/status"));
+fn main_and_conn_threads<T>(pid: u32, read: impl Fn(&std::path::Path) -> T) -> (T, Vec<T>) {
+    let main = read(std::path::Path::new(&format!("/proc/{pid}")));
     let mut threads = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
         let task = task.expect("task").path();
         let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
         if comm.starts_with("mqkv-conn-") {
-            threads.push(cpus_allowed(task.join("status")));
+            threads.push(read(&task));
         }
     }
     (main, threads)
 }
 
-/// The scheduling policy (`/proc/PID/task/TID/stat`, field 41) of the process's main thread
-/// and of each connection thread.
+/// `Cpus_allowed_list` of the process's main thread and of each `mqkv-conn-*` thread.
+#[cfg(target_os = "linux")]
+fn conn_thread_cpus(pid: u32) -> (String, Vec<String>) {
+    main_and_conn_threads(pid, |dir| cpus_allowed(dir.join("status")))
+}
+
+/// The scheduling policy (`stat`, field 41) of the process's main thread and of each
+/// `mqkv-conn-*` thread.
 #[cfg(target_os = "linux")]
 fn conn_thread_policies(pid: u32) -> (u32, Vec<u32>) {
-    let policy = |stat: std::path::PathBuf| -> u32 {
-        let text = std::fs::read_to_string(stat).expect("stat");
+    main_and_conn_threads(pid, |dir| {
+        let text = std::fs::read_to_string(dir.join("stat")).expect("stat");
         // Fields after the command name, which ends with the last ')': the state is field 3.
         let after = text.rsplit_once(')').expect("command name").1;
         after
@@ -250,17 +257,7 @@ fn conn_thread_policies(pid: u32) -> (u32, Vec<u32>) {
             .nth(41 - 3)
             .and_then(|f| f.parse().ok())
             .expect("policy field")
-    };
-    let main = policy(format!("/proc/{pid}/stat").into());
-    let mut threads = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("tasks") {
-        let task = task.expect("task").path();
-        let comm = std::fs::read_to_string(task.join("comm")).unwrap_or_default();
-        if comm.starts_with("mqkv-conn-") {
-            threads.push(policy(task.join("stat")));
-        }
-    }
-    (main, threads)
+    })
 }
 
 #[cfg(target_os = "linux")]
