@@ -88,7 +88,8 @@ pub struct ServerConfig {
     /// Linux; on unless told otherwise): a connection thread woken by a packet or a completed
     /// log write does not preempt the thread running on its CPU, so clients sharing the CPU
     /// send more before it runs and each of its passes finds more to do (round 36 of
-    /// `docs/bench/changes.md`).
+    /// `docs/bench/changes.md`). On a CPU busy with other programs, a woken connection thread
+    /// waits out their time slice before it answers.
     pub batch_scheduling: bool,
     /// Where the state store's raft runs (see [`RaftThread`]). Sharing a connection thread
     /// saves the thread hand-offs of every write for that thread's half of the clients, and
