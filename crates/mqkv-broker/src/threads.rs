@@ -251,8 +251,7 @@ impl ConnThreads {
                             tracing::warn!(cpu, error = %e, "cannot pin a connection thread");
                         }
                     }
-                    // Elsewhere the policy does not exist: nothing to ask for.
-                    if batch && cfg!(target_os = "linux") {
+                    if batch {
                         if let Err(e) = affinity::batch_current_thread() {
                             tracing::warn!(error = %e, "cannot batch-schedule a connection thread");
                         }
@@ -528,17 +527,28 @@ mod tests {
         );
     }
 
-    /// What each thread reports of the CPUs it may run on.
-    fn cpus_of(threads: &ConnThreads) -> Vec<Vec<usize>> {
+    /// What `report` finds when run on each thread in turn.
+    fn reports<T, F, Fut>(threads: &ConnThreads, report: F) -> Vec<T>
+    where
+        T: Send + 'static,
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+    {
         (0..threads.len())
             .map(|i| {
                 let (tx, rx) = mpsc::channel();
+                let report = report();
                 threads.spawn_on(i, async move {
-                    let _ = tx.send(affinity::allowed_cpus());
+                    let _ = tx.send(report.await);
                 });
                 rx.recv_timeout(Duration::from_secs(5)).expect("reported")
             })
             .collect()
+    }
+
+    /// What each thread reports of the CPUs it may run on.
+    fn cpus_of(threads: &ConnThreads) -> Vec<Vec<usize>> {
+        reports(threads, || async { affinity::allowed_cpus() })
     }
 
     #[test]
@@ -583,18 +593,12 @@ mod tests {
     /// Whether each thread, and a blocking thread of its runtime, runs under the batch policy.
     #[cfg(target_os = "linux")]
     fn batch_of(threads: &ConnThreads) -> Vec<(bool, bool)> {
-        (0..threads.len())
-            .map(|i| {
-                let (tx, rx) = mpsc::channel();
-                threads.spawn_on(i, async move {
-                    let blocking = tokio::task::spawn_blocking(affinity::current_thread_is_batch)
-                        .await
-                        .expect("blocking task");
-                    let _ = tx.send((affinity::current_thread_is_batch(), blocking));
-                });
-                rx.recv_timeout(Duration::from_secs(5)).expect("reported")
-            })
-            .collect()
+        reports(threads, || async {
+            let blocking = tokio::task::spawn_blocking(affinity::current_thread_is_batch)
+                .await
+                .expect("blocking task");
+            (affinity::current_thread_is_batch(), blocking)
+        })
     }
 
     #[cfg(target_os = "linux")]
