@@ -3,6 +3,7 @@
 //! a Markdown table and a PNG chart of throughput versus concurrency.
 
 mod chart;
+mod interleave;
 mod mqtt;
 mod report;
 mod servers;
@@ -113,6 +114,18 @@ struct Args {
     /// run once.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=15))]
     repeat: u32,
+    /// Instead of the workloads: durable SET on the mqkv server against this one (another
+    /// mqkv binary, or `redis-aof`), both running throughout and the load moving between them
+    /// every `--slice-ms` (A B B A, ...), at the first of `--disk-clients` and of
+    /// `--value-sizes`. Writes interleave.json.
+    #[arg(long, value_name = "BIN|redis-aof")]
+    interleave: Option<String>,
+    /// Milliseconds per slice of `--interleave`.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    slice_ms: u64,
+    /// Slices of `--interleave`, half for each server; a multiple of 4.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(4..=4_000))]
+    slices: u64,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -439,6 +452,95 @@ fn progress(i: usize, n: usize, r: &RunResult) -> String {
     line
 }
 
+/// The `--interleave` run: durable SET on the mqkv server (A) against `other` (B).
+fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Result<()> {
+    let (b_target, b_bins, b_name) = if other == "redis-aof" {
+        if bins.redis.is_none() {
+            bail!("--interleave redis-aof needs Redis (not with --no-anchors)");
+        }
+        (Target::RedisAof, None, "redis-aof".to_owned())
+    } else {
+        let path = PathBuf::from(other);
+        if !path.is_file() {
+            bail!("--interleave: {} is not a file", path.display());
+        }
+        let b = Binaries {
+            mqkv: path.clone(),
+            mqkv_args: bins.mqkv_args.clone(),
+            mosquitto: None,
+            redis: None,
+        };
+        (Target::MqkvDisk, Some(b), path.display().to_string())
+    };
+    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let clients = plan.disk_clients.first().copied().unwrap_or(64);
+    let value_size = plan.value_sizes.first().copied().unwrap_or(16);
+    let ip = interleave::Plan {
+        clients,
+        value_size,
+        keys_per_client: plan.settings.keys_per_client,
+        warmup: plan.settings.warmup,
+        slice: Duration::from_millis(args.slice_ms),
+        slices: args.slices as usize,
+    };
+    eprintln!(
+        "mqkv-bench: durable SET, {clients} clients, {} B values, {} slices of {} ms: A {} against B {b_name}",
+        value_size,
+        ip.slices,
+        args.slice_ms,
+        bins.mqkv.display()
+    );
+    let a = Server::start(Target::MqkvDisk, bins, &scratch).context("starting A")?;
+    let b =
+        Server::start(b_target, b_bins.as_ref().unwrap_or(bins), &scratch).context("starting B")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let slices = rt.block_on(interleave::run([&a, &b], &ip));
+    drop((a, b));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let slices = slices?;
+    let summary = interleave::summarize(&slices);
+    for (name, s) in [("A", &summary.sides[0]), ("B", &summary.sides[1])] {
+        println!(
+            "{name}: {:>9.0} SET/s, server CPU {:>6.2} µs per SET",
+            s.ops_per_s, s.server_cpu_us_per_op
+        );
+    }
+    let ratios: Vec<String> = summary
+        .pair_ratios
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect();
+    println!(
+        "A / B: {:.3} (means), median of {} pairs {:.3}, A ahead in {}; pairs: {}",
+        if summary.sides[1].ops_per_s > 0.0 {
+            summary.sides[0].ops_per_s / summary.sides[1].ops_per_s
+        } else {
+            0.0
+        },
+        summary.pair_ratios.len(),
+        summary.median_pair_ratio,
+        summary.pairs_a_ahead,
+        ratios.join(" ")
+    );
+    let doc = json!({
+        "a": bins.mqkv.display().to_string(),
+        "b": b_name,
+        "clients": clients,
+        "value_size": value_size,
+        "slice_ms": args.slice_ms,
+        "summary": summary,
+        "slices": slices,
+    });
+    let path = args.out.join("interleave.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 fn read_trimmed(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
@@ -475,6 +577,9 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
+    if args.interleave.is_some() && args.slices % 4 != 0 {
+        bail!("--slices must be a multiple of 4 (slices go A B B A)");
+    }
     let plan = plan(&args)?;
     let started = Instant::now();
     let load_before = read_trimmed("/proc/loadavg");
@@ -502,6 +607,9 @@ fn run(args: Args) -> Result<()> {
         mosquitto,
         redis,
     };
+    if let Some(other) = &args.interleave {
+        return run_interleaved(&args, &plan, &bins, other);
+    }
     let versions = json!({
         "mqkv": servers::version_of(&bins.mqkv, "--version"),
         "mosquitto": bins.mosquitto.as_ref().and_then(|b| servers::version_of(b, "-h")),

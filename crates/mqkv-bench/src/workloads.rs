@@ -234,7 +234,7 @@ impl KvConn {
     }
 }
 
-struct KvWorker {
+pub(crate) struct KvWorker {
     conn: KvConn,
     mode: KvMode,
     base: u64,
@@ -288,47 +288,56 @@ pub async fn kv(
 ) -> RunResult {
     let mut r = RunResult::new(mode.name(), server.target, clients);
     r.value_size = Some(value_size);
-    let target = server.target;
-    let addr = server.addr;
-    let keys = s.keys_per_client;
-    let setup = async {
-        let conns = connect_all(clients, move |i| kv_connect(target, addr, i, value_size)).await?;
-        let mut workers = Vec::with_capacity(clients);
-        for (i, conn) in conns.into_iter().enumerate() {
-            workers.push(KvWorker {
-                conn,
-                mode,
-                base: i as u64 * keys,
-                keys,
-                rng: 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
-            });
-        }
-        if mode != KvMode::Set {
-            // Every key a client reads exists before the window opens.
-            let mut set = JoinSet::new();
-            for mut w in workers {
-                set.spawn(async move {
-                    for k in 0..w.keys {
-                        if !w.conn.set(w.base + k).await? {
-                            bail!("preloading key {} was refused", w.base + k);
-                        }
-                    }
-                    Ok(w)
-                });
-            }
-            let mut loaded = Vec::with_capacity(clients);
-            while let Some(j) = set.join_next().await {
-                loaded.push(j.context("preload task")??);
-            }
-            workers = loaded;
-        }
-        Ok::<_, anyhow::Error>(workers)
-    };
+    let setup = kv_workers(mode, server, clients, value_size, s.keys_per_client);
     match within(SETUP_TIMEOUT * 4, "set-up", setup).await {
         Ok(workers) => drive(workers, s, server).await.fill(&mut r, 1.0),
         Err(e) => r.failed = Some(format!("set-up: {e:#}")),
     }
     r
+}
+
+/// Connects `clients` state store clients to `server`, each with `keys` keys of its own, and
+/// for reading workloads writes every key a client reads first.
+pub(crate) async fn kv_workers(
+    mode: KvMode,
+    server: &Server,
+    clients: usize,
+    value_size: usize,
+    keys: u64,
+) -> Result<Vec<KvWorker>> {
+    let target = server.target;
+    let addr = server.addr;
+    let conns = connect_all(clients, move |i| kv_connect(target, addr, i, value_size)).await?;
+    let mut workers = Vec::with_capacity(clients);
+    for (i, conn) in conns.into_iter().enumerate() {
+        workers.push(KvWorker {
+            conn,
+            mode,
+            base: i as u64 * keys,
+            keys,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1),
+        });
+    }
+    if mode == KvMode::Set {
+        return Ok(workers);
+    }
+    // Every key a client reads exists before the window opens.
+    let mut set = JoinSet::new();
+    for mut w in workers {
+        set.spawn(async move {
+            for k in 0..w.keys {
+                if !w.conn.set(w.base + k).await? {
+                    bail!("preloading key {} was refused", w.base + k);
+                }
+            }
+            Ok(w)
+        });
+    }
+    let mut loaded = Vec::with_capacity(clients);
+    while let Some(j) = set.join_next().await {
+        loaded.push(j.context("preload task")??);
+    }
+    Ok(loaded)
 }
 
 // ---------------------------------------------------------------------------------------------

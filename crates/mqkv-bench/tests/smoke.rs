@@ -180,3 +180,97 @@ fn smoke_run_reports_every_workload() {
     assert!(md.contains("| workload | target |"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Runs `mqkv-bench --interleave` with a few short slices and returns interleave.json.
+fn interleave_run(server: &Path, other: &str, name: &str, extra: &[&str]) -> Value {
+    let out = std::env::temp_dir().join(format!("mqkv-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"))
+        .args(["--interleave", other, "--slices", "8", "--slice-ms", "100"])
+        .args([
+            "--warmup",
+            "0.1",
+            "--disk-clients",
+            "2",
+            "--value-sizes",
+            "16",
+        ])
+        .args(extra)
+        .arg("--out")
+        .arg(&out)
+        .arg("--server-bin")
+        .arg(server)
+        .output()
+        .expect("run mqkv-bench --interleave");
+    assert!(
+        run.status.success(),
+        "mqkv-bench --interleave exited with {}:\n{}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let text = std::fs::read_to_string(out.join("interleave.json")).expect("interleave.json");
+    let _ = std::fs::remove_dir_all(&out);
+    serde_json::from_str(&text).expect("interleave.json is JSON")
+}
+
+fn check_interleaved(doc: &Value) {
+    let slices = doc["slices"].as_array().expect("slices");
+    let sides: Vec<u64> = slices.iter().filter_map(|s| s["side"].as_u64()).collect();
+    assert_eq!(sides, [0, 1, 1, 0, 0, 1, 1, 0], "slices go A B B A");
+    for s in slices {
+        assert!(
+            s["ops"].as_u64().is_some_and(|n| n > 0),
+            "a slice without SETs: {s}"
+        );
+        assert!(
+            s["seconds"].as_f64().is_some_and(|t| t > 0.05),
+            "slice length: {s}"
+        );
+    }
+    let summary = &doc["summary"];
+    assert_eq!(summary["pair_ratios"].as_array().map(Vec::len), Some(4));
+    for side in summary["sides"].as_array().expect("sides") {
+        assert!(
+            side["ops_per_s"].as_f64().is_some_and(|r| r > 0.0),
+            "{side}"
+        );
+    }
+    assert_eq!(doc["clients"], 2);
+}
+
+#[test]
+fn interleaved_run_alternates_two_servers() {
+    let server = server_binary();
+    let doc = interleave_run(
+        &server,
+        &server.display().to_string(),
+        "interleave",
+        &["--no-anchors"],
+    );
+    check_interleaved(&doc);
+    assert_eq!(doc["b"], server.display().to_string());
+}
+
+#[test]
+fn interleaved_run_against_redis() {
+    let doc = interleave_run(&server_binary(), "redis-aof", "interleave-redis", &[]);
+    check_interleaved(&doc);
+    assert_eq!(doc["b"], "redis-aof");
+}
+
+#[test]
+fn interleaved_run_refuses_a_slice_count_not_a_multiple_of_four() {
+    let run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"))
+        .args(["--interleave", "redis-aof", "--slices", "6", "--no-install"])
+        .arg("--server-bin")
+        .arg(server_binary())
+        .output()
+        .expect("run mqkv-bench");
+    assert!(!run.status.success());
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("multiple of 4"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}

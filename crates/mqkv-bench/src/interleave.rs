@@ -1,0 +1,265 @@
+//! Two servers measured on durable SET in alternating slices of one run: both run throughout,
+//! each with its own clients, and the load moves from one to the other every slice. A slow
+//! stretch of the machine (they last from one to ten seconds here) then falls on both alike,
+//! where runs one after the other let it decide a comparison of a few per cent.
+//!
+//! Slices go A B B A, A B B A, ..., so a steady drift of the machine cancels out of each group
+//! of four. An operation counts in the slice it started and ended in; one still under way when
+//! the load moves is not counted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::servers::Server;
+use crate::workloads::{kv_workers, KvMode, Worker};
+
+/// One slice: which side had the load, what it completed, and its server's CPU meanwhile.
+#[derive(Debug, Clone, Serialize)]
+pub struct Slice {
+    pub side: usize,
+    pub ops: u64,
+    pub seconds: f64,
+    pub server_cpu_seconds: f64,
+}
+
+/// Which side has the load, and in which slice (`None` while warming up).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Phase {
+    slice: Option<usize>,
+    side: usize,
+    running: bool,
+}
+
+/// The side that has slice `i`: A B B A, repeated.
+pub fn side_of(i: usize) -> usize {
+    usize::from(matches!(i % 4, 1 | 2))
+}
+
+/// What the interleaved run asks for.
+pub struct Plan {
+    pub clients: usize,
+    pub value_size: usize,
+    pub keys_per_client: u64,
+    pub warmup: Duration,
+    pub slice: Duration,
+    pub slices: usize,
+}
+
+/// Runs durable SET against both servers in alternating slices.
+pub async fn run(servers: [&Server; 2], plan: &Plan) -> Result<Vec<Slice>> {
+    let (tx, rx) = watch::channel(Phase {
+        slice: None,
+        side: 0,
+        running: true,
+    });
+    let counts: Arc<Vec<AtomicU64>> =
+        Arc::new((0..plan.slices).map(|_| AtomicU64::new(0)).collect());
+    let mut set = JoinSet::new();
+    for (side, server) in servers.iter().enumerate() {
+        let workers = kv_workers(
+            KvMode::Set,
+            server,
+            plan.clients,
+            plan.value_size,
+            plan.keys_per_client,
+        )
+        .await
+        .with_context(|| format!("connecting the clients of {}", server.target.name()))?;
+        for w in workers {
+            set.spawn(client(w, side, rx.clone(), counts.clone()));
+        }
+    }
+    for side in [0, 1] {
+        tx.send_replace(Phase {
+            slice: None,
+            side,
+            running: true,
+        });
+        tokio::time::sleep(plan.warmup).await;
+    }
+    let mut slices = Vec::with_capacity(plan.slices);
+    for i in 0..plan.slices {
+        let side = side_of(i);
+        let cpu0 = servers[side].cpu_seconds();
+        let t0 = Instant::now();
+        tx.send_replace(Phase {
+            slice: Some(i),
+            side,
+            running: true,
+        });
+        tokio::time::sleep(plan.slice).await;
+        slices.push(Slice {
+            side,
+            ops: 0,
+            seconds: t0.elapsed().as_secs_f64(),
+            server_cpu_seconds: servers[side].cpu_seconds() - cpu0,
+        });
+    }
+    tx.send_replace(Phase {
+        slice: None,
+        side: 0,
+        running: false,
+    });
+    let mut failures = Vec::new();
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(format!("{e:#}")),
+            Err(e) => failures.push(format!("client task: {e}")),
+        }
+    }
+    if let Some(first) = failures.first() {
+        bail!("{} clients failed; the first: {first}", failures.len());
+    }
+    for (slice, count) in slices.iter_mut().zip(counts.iter()) {
+        slice.ops = count.load(Ordering::Relaxed);
+    }
+    Ok(slices)
+}
+
+/// One client of side `side`: runs requests while its side has the load, counting those that
+/// started and ended in one slice.
+async fn client<W: Worker>(
+    mut w: W,
+    side: usize,
+    mut rx: watch::Receiver<Phase>,
+    counts: Arc<Vec<AtomicU64>>,
+) -> Result<()> {
+    let mut seq = 0u64;
+    loop {
+        let phase = *rx.borrow_and_update();
+        if !phase.running {
+            return Ok(());
+        }
+        if phase.side != side {
+            if rx.changed().await.is_err() {
+                return Ok(());
+            }
+            continue;
+        }
+        seq += 1;
+        let ok = w.op(seq).await?;
+        if !ok {
+            bail!("an unexpected answer to SET");
+        }
+        let now = *rx.borrow();
+        if let (Some(i), true) = (phase.slice, now.slice == phase.slice) {
+            if let Some(count) = counts.get(i) {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// One side's figures over its slices.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideSummary {
+    pub ops_per_s: f64,
+    pub server_cpu_us_per_op: f64,
+}
+
+/// The comparison: each side's figures, and A over B in each group of one A and one B slice.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub sides: [SideSummary; 2],
+    pub pair_ratios: Vec<f64>,
+    pub median_pair_ratio: f64,
+    pub pairs_a_ahead: usize,
+}
+
+pub fn summarize(slices: &[Slice]) -> Summary {
+    let side = |s: usize| {
+        let (ops, secs, cpu) = slices
+            .iter()
+            .filter(|x| x.side == s)
+            .fold((0u64, 0.0, 0.0), |(o, t, c), x| {
+                (o + x.ops, t + x.seconds, c + x.server_cpu_seconds)
+            });
+        SideSummary {
+            ops_per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
+            server_cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
+        }
+    };
+    let rate = |x: &Slice| {
+        if x.seconds > 0.0 {
+            x.ops as f64 / x.seconds
+        } else {
+            0.0
+        }
+    };
+    let pair_ratios: Vec<f64> = slices
+        .chunks_exact(2)
+        .filter_map(|pair| {
+            let a = pair.iter().find(|x| x.side == 0)?;
+            let b = pair.iter().find(|x| x.side == 1)?;
+            let rb = rate(b);
+            (rb > 0.0).then(|| rate(a) / rb)
+        })
+        .collect();
+    let mut sorted = pair_ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median_pair_ratio = match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    };
+    Summary {
+        sides: [side(0), side(1)],
+        pairs_a_ahead: pair_ratios.iter().filter(|&&r| r > 1.0).count(),
+        pair_ratios,
+        median_pair_ratio,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(side: usize, ops: u64) -> Slice {
+        Slice {
+            side,
+            ops,
+            seconds: 0.5,
+            server_cpu_seconds: 0.5,
+        }
+    }
+
+    #[test]
+    fn slices_alternate_a_b_b_a() {
+        let sides: Vec<usize> = (0..8).map(side_of).collect();
+        assert_eq!(sides, [0, 1, 1, 0, 0, 1, 1, 0]);
+    }
+
+    #[test]
+    fn pairs_compare_a_with_b_whichever_went_first() {
+        let slices = [
+            slice(side_of(0), 100),
+            slice(side_of(1), 50),
+            slice(side_of(2), 40),
+            slice(side_of(3), 60),
+            slice(side_of(4), 30),
+            slice(side_of(5), 60),
+        ];
+        let s = summarize(&slices);
+        assert_eq!(s.pair_ratios, [2.0, 1.5, 0.5]);
+        assert_eq!(s.median_pair_ratio, 1.5);
+        assert_eq!(s.pairs_a_ahead, 2);
+        assert_eq!(s.sides[0].ops_per_s, 190.0 / 1.5);
+        assert_eq!(s.sides[1].ops_per_s, 150.0 / 1.5);
+        assert_eq!(s.sides[1].server_cpu_us_per_op, 1.5 * 1e6 / 150.0);
+    }
+
+    #[test]
+    fn an_empty_side_has_no_ratio() {
+        let s = summarize(&[slice(0, 10), slice(1, 0)]);
+        assert!(s.pair_ratios.is_empty());
+        assert_eq!(s.median_pair_ratio, 0.0);
+        assert_eq!(s.sides[1].server_cpu_us_per_op, 0.0);
+    }
+}
