@@ -577,7 +577,7 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    if args.interleave.is_some() && args.slices % 4 != 0 {
+    if args.interleave.is_some() && !args.slices.is_multiple_of(4) {
         bail!("--slices must be a multiple of 4 (slices go A B B A)");
     }
     let plan = plan(&args)?;
