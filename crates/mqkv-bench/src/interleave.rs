@@ -217,6 +217,61 @@ pub fn summarize(slices: &[Slice]) -> Summary {
     }
 }
 
+/// The workload name of an interleaved run in the results.
+pub const WORKLOAD: &str = "set-interleaved";
+
+/// An interleaved run as two results, A's and B's: throughput over each side's slices, the
+/// server's CPU over them, every slice's rate in `extra.runs_throughput` (in the order each side
+/// ran them, so A's k-th and B's k-th are the k-th pair), and the pairs' ratios.
+pub fn results(
+    slices: &[Slice],
+    targets: [crate::servers::Target; 2],
+    clients: usize,
+    value_size: usize,
+) -> Vec<crate::report::RunResult> {
+    let summary = summarize(slices);
+    (0..2)
+        .map(|side| {
+            let mine: Vec<&Slice> = slices.iter().filter(|s| s.side == side).collect();
+            let seconds: f64 = mine.iter().map(|s| s.seconds).sum();
+            let cpu: f64 = mine.iter().map(|s| s.server_cpu_seconds).sum();
+            let mut r = crate::report::RunResult::new(WORKLOAD, targets[side], clients);
+            r.value_size = Some(value_size);
+            r.ops = mine.iter().map(|s| s.ops).sum();
+            r.duration_s = seconds;
+            r.throughput = summary.sides[side].ops_per_s;
+            r.server_cpu = if seconds > 0.0 { cpu / seconds } else { 0.0 };
+            let rates: Vec<f64> = mine
+                .iter()
+                .map(|s| {
+                    if s.seconds > 0.0 {
+                        s.ops as f64 / s.seconds
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            r.extra
+                .insert("runs_throughput".into(), serde_json::json!(rates));
+            r.extra
+                .insert("pair_ratios".into(), serde_json::json!(summary.pair_ratios));
+            r.extra.insert(
+                "median_pair_ratio".into(),
+                serde_json::json!(summary.median_pair_ratio),
+            );
+            r.extra.insert(
+                "pairs_a_ahead".into(),
+                serde_json::json!(summary.pairs_a_ahead),
+            );
+            r.extra.insert(
+                "slice_s".into(),
+                serde_json::json!(mine.first().map_or(0.0, |s| s.seconds)),
+            );
+            r
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,6 +308,36 @@ mod tests {
         assert_eq!(s.sides[0].ops_per_s, 190.0 / 1.5);
         assert_eq!(s.sides[1].ops_per_s, 150.0 / 1.5);
         assert_eq!(s.sides[1].server_cpu_us_per_op, 1.5 * 1e6 / 150.0);
+    }
+
+    #[test]
+    fn results_hold_each_sides_slices_in_the_order_they_ran() {
+        use crate::servers::Target;
+        let slices = [
+            slice(side_of(0), 100),
+            slice(side_of(1), 50),
+            slice(side_of(2), 40),
+            slice(side_of(3), 60),
+        ];
+        let rs = results(&slices, [Target::MqkvDisk, Target::RedisAof], 64, 16);
+        assert_eq!(rs.len(), 2);
+        assert_eq!(rs[0].target, Target::MqkvDisk);
+        assert_eq!(rs[1].target, Target::RedisAof);
+        assert_eq!(rs[0].workload, WORKLOAD);
+        assert_eq!((rs[0].ops, rs[1].ops), (160, 90));
+        assert_eq!(rs[0].throughput, 160.0);
+        assert_eq!(rs[1].duration_s, 1.0);
+        assert_eq!(rs[0].server_cpu, 1.0);
+        assert_eq!(
+            rs[0].extra["runs_throughput"],
+            serde_json::json!([200.0, 120.0])
+        );
+        assert_eq!(
+            rs[1].extra["runs_throughput"],
+            serde_json::json!([100.0, 80.0])
+        );
+        assert_eq!(rs[1].extra["pair_ratios"], serde_json::json!([2.0, 1.5]));
+        assert_eq!(rs[0].value_size, Some(16));
     }
 
     #[test]

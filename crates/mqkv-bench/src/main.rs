@@ -120,12 +120,14 @@ struct Args {
     /// `--value-sizes`. Writes interleave.json.
     #[arg(long, value_name = "BIN|redis-aof")]
     interleave: Option<String>,
-    /// Milliseconds per slice of `--interleave`.
-    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(50..=60_000))]
-    slice_ms: u64,
-    /// Slices of `--interleave`, half for each server; a multiple of 4.
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(4..=4_000))]
-    slices: u64,
+    /// Milliseconds per slice of an interleaved run (`--interleave`, and the `set` workload's
+    /// durable SET against Redis) [default: 500; smoke 100].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    slice_ms: Option<u64>,
+    /// Slices of an interleaved run, half for each server; a multiple of 4 [default: 80;
+    /// smoke 8].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(4..=4_000))]
+    slices: Option<u64>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -452,6 +454,69 @@ fn progress(i: usize, n: usize, r: &RunResult) -> String {
     line
 }
 
+/// An interleaved run's shape: `--slices` of `--slice-ms`, after a warm-up of each server four
+/// times `--warmup` (2 s by default).
+fn interleave_plan(
+    args: &Args,
+    plan: &Plan,
+    clients: usize,
+    value_size: usize,
+) -> interleave::Plan {
+    let (slices, slice_ms) = if args.smoke { (8, 100) } else { (80, 500) };
+    interleave::Plan {
+        clients,
+        value_size,
+        keys_per_client: plan.settings.keys_per_client,
+        warmup: plan.settings.warmup * 4,
+        slice: Duration::from_millis(args.slice_ms.unwrap_or(slice_ms)),
+        slices: args.slices.unwrap_or(slices) as usize,
+    }
+}
+
+/// The `set` workload's durable SET against Redis `appendfsync always`, interleaved, at 64
+/// clients (or the largest durable client count below) with the smallest value size; none
+/// without Redis or without durable SET in the plan.
+fn interleaved_against_redis(
+    rt: &tokio::runtime::Runtime,
+    args: &Args,
+    plan: &Plan,
+    bins: &Binaries,
+    scratch: &Path,
+) -> Vec<RunResult> {
+    let clients = plan.disk_clients.iter().copied().filter(|&c| c <= 64).max();
+    let value_size = plan.value_sizes.iter().copied().min();
+    let (Some(clients), Some(value_size)) = (clients, value_size) else {
+        return Vec::new();
+    };
+    if !plan.workloads.iter().any(|w| w == "set")
+        || !plan.clients.contains(&clients)
+        || !bins.available(Target::RedisAof)
+    {
+        return Vec::new();
+    }
+    let ip = interleave_plan(args, plan, clients, value_size);
+    let targets = [Target::MqkvDisk, Target::RedisAof];
+    let started = Server::start(targets[0], bins, scratch)
+        .and_then(|a| Ok((a, Server::start(targets[1], bins, scratch)?)));
+    let outcome = started.and_then(|(a, b)| rt.block_on(interleave::run([&a, &b], &ip)));
+    let results = match outcome {
+        Ok(slices) => interleave::results(&slices, targets, clients, value_size),
+        Err(e) => targets
+            .iter()
+            .map(|&t| {
+                let mut r = RunResult::new(interleave::WORKLOAD, t, clients);
+                r.value_size = Some(value_size);
+                r.failed = Some(format!("{e:#}"));
+                r
+            })
+            .collect(),
+    };
+    for (i, r) in results.iter().enumerate() {
+        eprintln!("{}", progress(i + 1, results.len(), r));
+    }
+    results
+}
+
 /// The `--interleave` run: durable SET on the mqkv server (A) against `other` (B).
 fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Result<()> {
     let (b_target, b_bins, b_name) = if other == "redis-aof" {
@@ -476,19 +541,12 @@ fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Re
     std::fs::create_dir_all(&scratch)?;
     let clients = plan.disk_clients.first().copied().unwrap_or(64);
     let value_size = plan.value_sizes.first().copied().unwrap_or(16);
-    let ip = interleave::Plan {
-        clients,
-        value_size,
-        keys_per_client: plan.settings.keys_per_client,
-        warmup: plan.settings.warmup,
-        slice: Duration::from_millis(args.slice_ms),
-        slices: args.slices as usize,
-    };
+    let ip = interleave_plan(args, plan, clients, value_size);
     eprintln!(
         "mqkv-bench: durable SET, {clients} clients, {} B values, {} slices of {} ms: A {} against B {b_name}",
         value_size,
         ip.slices,
-        args.slice_ms,
+        ip.slice.as_millis(),
         bins.mqkv.display()
     );
     let a = Server::start(Target::MqkvDisk, bins, &scratch).context("starting A")?;
@@ -531,7 +589,7 @@ fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Re
         "b": b_name,
         "clients": clients,
         "value_size": value_size,
-        "slice_ms": args.slice_ms,
+        "slice_ms": ip.slice.as_millis() as u64,
         "summary": summary,
         "slices": slices,
     });
@@ -577,7 +635,7 @@ fn main() {
 }
 
 fn run(args: Args) -> Result<()> {
-    if args.interleave.is_some() && !args.slices.is_multiple_of(4) {
+    if args.slices.is_some_and(|n| !n.is_multiple_of(4)) {
         bail!("--slices must be a multiple of 4 (slices go A B B A)");
     }
     let plan = plan(&args)?;
@@ -659,6 +717,9 @@ fn run(args: Args) -> Result<()> {
         done += group.len();
         results.extend(runs.into_iter().filter_map(report::median_run));
     }
+    results.extend(interleaved_against_redis(
+        &rt, &args, &plan, &bins, &scratch,
+    ));
     rt.shutdown_timeout(Duration::from_secs(2));
     let _ = std::fs::remove_dir_all(&scratch);
 

@@ -449,6 +449,31 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
         a,
         &|m, a| m >= a,
     ));
+    // The same, both servers up and the load alternating between them: judged on the two
+    // servers' throughput over all their slices, not slice by slice.
+    let m = find(
+        results,
+        crate::interleave::WORKLOAD,
+        Target::MqkvDisk,
+        |_| true,
+    );
+    let a = find(
+        results,
+        crate::interleave::WORKLOAD,
+        Target::RedisAof,
+        |_| true,
+    );
+    checks.push(check(
+        &format!(
+            "durable SET throughput, interleaved ({} clients)",
+            m.map_or(0, |m| m.clients)
+        ),
+        ">= Redis appendfsync always",
+        m.map(|r| r.throughput),
+        a.map(|r| r.throughput),
+        None,
+        &|m, a| m >= a,
+    ));
     let m = find(results, "mem-idle-conns", Target::Mqkv, |_| true);
     let a = find(results, "mem-idle-conns", Target::Mosquitto, |_| true);
     checks.push(check(

@@ -145,6 +145,16 @@ fn smoke_run_reports_every_workload() {
         check_present(&doc, "set", "redis-aof", true);
         check_present(&doc, "set-pipelined", "redis-aof", true);
         check_present(&doc, "mem-keys", "redis", false);
+        // Durable SET against Redis again, both servers up and the load alternating.
+        for target in ["mqkv-disk", "redis-aof"] {
+            check_present(&doc, "set-interleaved", target, false);
+            for r in results_for(&doc, "set-interleaved", target) {
+                let rates = r["extra"]["runs_throughput"].as_array().expect("slices");
+                assert_eq!(rates.len(), 4, "8 slices, 4 of each: {r}");
+                assert!(rates.iter().all(|x| x.as_f64().is_some_and(|v| v > 0.0)));
+                assert_eq!(r["extra"]["pair_ratios"].as_array().map(Vec::len), Some(4));
+            }
+        }
     }
     if has_mosquitto {
         for wl in ["pubsub-fanin", "pubsub-fanout", "pubsub-rate", "conn-storm"] {
@@ -159,14 +169,21 @@ fn smoke_run_reports_every_workload() {
             assert!(r["mqkv_over_anchor"].is_number());
         }
     }
-    // Five targets, plus pub/sub QoS 1 throughput per concurrency measured (smoke: 1 and 4).
+    // Six targets (durable SET twice: back to back and interleaved), plus pub/sub QoS 1
+    // throughput per concurrency measured (smoke: 1 and 4).
     let targets: Vec<&str> = doc["targets"]
         .as_array()
         .expect("targets")
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(targets.len(), 9, "{targets:?}");
+    assert_eq!(targets.len(), 10, "{targets:?}");
+    if has_redis {
+        assert!(
+            targets.contains(&"durable SET throughput, interleaved (4 clients)"),
+            "{targets:?}"
+        );
+    }
     for wl in ["pubsub-fanin", "pubsub-fanout"] {
         for clients in [1, 4] {
             let name = format!("{wl} QoS 1 throughput ({clients} clients)");
