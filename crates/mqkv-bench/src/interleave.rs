@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::servers::Server;
-use crate::workloads::{kv_workers, KvMode, Worker};
+use crate::workloads::{kv_workers, KvMode, Worker, OP_TIMEOUT};
 
 /// One slice: which side had the load, what it completed, and its server's CPU meanwhile.
 #[derive(Debug, Clone, Serialize)]
@@ -107,7 +107,21 @@ pub async fn run(servers: [&Server; 2], plan: &Plan) -> Result<Vec<Slice>> {
         running: false,
     });
     let mut failures = Vec::new();
-    while let Some(joined) = set.join_next().await {
+    // A client still waiting for an answer `OP_TIMEOUT` after the last slice is stopped.
+    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
+    loop {
+        let joined = match tokio::time::timeout_at(deadline, set.join_next()).await {
+            Ok(Some(joined)) => joined,
+            Ok(None) => break,
+            Err(_) => {
+                failures.push(format!(
+                    "{} of the clients timed out after {OP_TIMEOUT:?} waiting for a response",
+                    set.len()
+                ));
+                set.abort_all();
+                break;
+            }
+        };
         match joined {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failures.push(format!("{e:#}")),

@@ -496,9 +496,7 @@ fn interleaved_against_redis(
     }
     let ip = interleave_plan(args, plan, clients, value_size);
     let targets = [Target::MqkvDisk, Target::RedisAof];
-    let started = Server::start(targets[0], bins, scratch)
-        .and_then(|a| Ok((a, Server::start(targets[1], bins, scratch)?)));
-    let outcome = started.and_then(|(a, b)| rt.block_on(interleave::run([&a, &b], &ip)));
+    let outcome = run_pair(rt, [(targets[0], bins), (targets[1], bins)], scratch, &ip);
     let results = match outcome {
         Ok(slices) => interleave::results(&slices, targets, clients, value_size),
         Err(e) => targets
@@ -515,6 +513,19 @@ fn interleaved_against_redis(
         eprintln!("{}", progress(i + 1, results.len(), r));
     }
     results
+}
+
+/// Starts both servers and runs the interleaved comparison of `ip` on them; both are stopped
+/// when it ends.
+fn run_pair(
+    rt: &tokio::runtime::Runtime,
+    sides: [(Target, &Binaries); 2],
+    scratch: &Path,
+    ip: &interleave::Plan,
+) -> Result<Vec<interleave::Slice>> {
+    let a = Server::start(sides[0].0, sides[0].1, scratch).context("starting A")?;
+    let b = Server::start(sides[1].0, sides[1].1, scratch).context("starting B")?;
+    rt.block_on(interleave::run([&a, &b], ip))
 }
 
 /// The `--interleave` run: durable SET on the mqkv server (A) against `other` (B).
@@ -549,14 +560,12 @@ fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Re
         ip.slice.as_millis(),
         bins.mqkv.display()
     );
-    let a = Server::start(Target::MqkvDisk, bins, &scratch).context("starting A")?;
-    let b =
-        Server::start(b_target, b_bins.as_ref().unwrap_or(bins), &scratch).context("starting B")?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let slices = rt.block_on(interleave::run([&a, &b], &ip));
-    drop((a, b));
+    let b_bins = b_bins.as_ref().unwrap_or(bins);
+    let sides = [(Target::MqkvDisk, bins), (b_target, b_bins)];
+    let slices = run_pair(&rt, sides, &scratch, &ip);
     rt.shutdown_timeout(Duration::from_secs(2));
     let _ = std::fs::remove_dir_all(&scratch);
     let slices = slices?;

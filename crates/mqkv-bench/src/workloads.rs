@@ -39,7 +39,7 @@ pub struct Settings {
     pub keys_per_client: u64,
 }
 
-const OP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(2);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
