@@ -305,16 +305,17 @@ mod tests {
         assert_eq!(sides, [0, 1, 1, 0, 0, 1, 1, 0]);
     }
 
+    /// Slices in the order they run, each with the SETs given.
+    fn run_of(ops: &[u64]) -> Vec<Slice> {
+        ops.iter()
+            .enumerate()
+            .map(|(i, &n)| slice(side_of(i), n))
+            .collect()
+    }
+
     #[test]
     fn pairs_compare_a_with_b_whichever_went_first() {
-        let slices = [
-            slice(side_of(0), 100),
-            slice(side_of(1), 50),
-            slice(side_of(2), 40),
-            slice(side_of(3), 60),
-            slice(side_of(4), 30),
-            slice(side_of(5), 60),
-        ];
+        let slices = run_of(&[100, 50, 40, 60, 30, 60]);
         let s = summarize(&slices);
         assert_eq!(s.pair_ratios, [2.0, 1.5, 0.5]);
         assert_eq!(s.median_pair_ratio, 1.5);
@@ -327,12 +328,7 @@ mod tests {
     #[test]
     fn results_hold_each_sides_slices_in_the_order_they_ran() {
         use crate::servers::Target;
-        let slices = [
-            slice(side_of(0), 100),
-            slice(side_of(1), 50),
-            slice(side_of(2), 40),
-            slice(side_of(3), 60),
-        ];
+        let slices = run_of(&[100, 50, 40, 60]);
         let rs = results(&slices, [Target::MqkvDisk, Target::RedisAof], 64, 16);
         assert_eq!(rs.len(), 2);
         assert_eq!(rs[0].target, Target::MqkvDisk);

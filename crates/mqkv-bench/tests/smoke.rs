@@ -69,26 +69,31 @@ fn check_present(doc: &Value, workload: &str, target: &str, latency: bool) {
     }
 }
 
+/// Runs `cmd` (mqkv-bench with `what` among its arguments) and fails the test, with its output,
+/// unless it succeeds.
+fn succeeds(mut cmd: Command, what: &str) {
+    let run = cmd.output().expect("run mqkv-bench");
+    assert!(
+        run.status.success(),
+        "mqkv-bench {what} exited with {}:\n{}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
 #[test]
 fn smoke_run_reports_every_workload() {
     let server = server_binary();
     let out = std::env::temp_dir().join(format!("mqkv-bench-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"))
-        .arg("--smoke")
+    let mut run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"));
+    run.arg("--smoke")
         .arg("--out")
         .arg(&out)
         .arg("--server-bin")
-        .arg(&server)
-        .output()
-        .expect("run mqkv-bench");
-    assert!(
-        run.status.success(),
-        "mqkv-bench --smoke exited with {}:\n{}\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
+        .arg(&server);
+    succeeds(run, "--smoke");
 
     let text = std::fs::read_to_string(out.join("results.json")).expect("results.json");
     let doc: Value = serde_json::from_str(&text).expect("results.json is JSON");
@@ -202,8 +207,8 @@ fn smoke_run_reports_every_workload() {
 fn interleave_run(server: &Path, other: &str, name: &str, extra: &[&str]) -> Value {
     let out = std::env::temp_dir().join(format!("mqkv-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"))
-        .args(["--interleave", other, "--slices", "8", "--slice-ms", "100"])
+    let mut run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"));
+    run.args(["--interleave", other, "--slices", "8", "--slice-ms", "100"])
         .args([
             "--warmup",
             "0.1",
@@ -216,16 +221,8 @@ fn interleave_run(server: &Path, other: &str, name: &str, extra: &[&str]) -> Val
         .arg("--out")
         .arg(&out)
         .arg("--server-bin")
-        .arg(server)
-        .output()
-        .expect("run mqkv-bench --interleave");
-    assert!(
-        run.status.success(),
-        "mqkv-bench --interleave exited with {}:\n{}\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
+        .arg(server);
+    succeeds(run, "--interleave");
     let text = std::fs::read_to_string(out.join("interleave.json")).expect("interleave.json");
     let _ = std::fs::remove_dir_all(&out);
     serde_json::from_str(&text).expect("interleave.json is JSON")
