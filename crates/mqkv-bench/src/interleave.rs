@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::servers::Server;
-use crate::workloads::{kv_workers, KvMode, Worker, OP_TIMEOUT};
+use crate::workloads::{join_clients, kv_workers, KvMode, Worker};
 
 /// One slice: which side had the load, what it completed, and its server's CPU meanwhile.
 #[derive(Debug, Clone, Serialize)]
@@ -26,6 +26,17 @@ pub struct Slice {
     pub ops: u64,
     pub seconds: f64,
     pub server_cpu_seconds: f64,
+}
+
+impl Slice {
+    /// SETs a second in this slice.
+    fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.ops as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
 }
 
 /// Which side has the load, and in which slice (`None` while warming up).
@@ -106,23 +117,10 @@ pub async fn run(servers: [&Server; 2], plan: &Plan) -> Result<Vec<Slice>> {
         side: 0,
         running: false,
     });
-    let mut failures = Vec::new();
-    // A client still waiting for an answer `OP_TIMEOUT` after the last slice is stopped.
-    let deadline = tokio::time::Instant::now() + OP_TIMEOUT;
-    loop {
-        let joined = match tokio::time::timeout_at(deadline, set.join_next()).await {
-            Ok(Some(joined)) => joined,
-            Ok(None) => break,
-            Err(_) => {
-                failures.push(format!(
-                    "{} of the clients timed out after {OP_TIMEOUT:?} waiting for a response",
-                    set.len()
-                ));
-                set.abort_all();
-                break;
-            }
-        };
-        match joined {
+    let (joined, timed_out) = join_clients(set, Instant::now()).await;
+    let mut failures: Vec<String> = timed_out.into_iter().collect();
+    for j in joined {
+        match j {
             Ok(Ok(())) => {}
             Ok(Err(e)) => failures.push(format!("{e:#}")),
             Err(e) => failures.push(format!("client task: {e}")),
@@ -171,9 +169,12 @@ async fn client<W: Worker>(
     }
 }
 
-/// One side's figures over its slices.
+/// One side's figures over its slices: totals, and the rates they give.
 #[derive(Debug, Clone, Serialize)]
 pub struct SideSummary {
+    pub ops: u64,
+    pub seconds: f64,
+    pub server_cpu_seconds: f64,
     pub ops_per_s: f64,
     pub server_cpu_us_per_op: f64,
 }
@@ -196,15 +197,11 @@ pub fn summarize(slices: &[Slice]) -> Summary {
                 (o + x.ops, t + x.seconds, c + x.server_cpu_seconds)
             });
         SideSummary {
+            ops,
+            seconds: secs,
+            server_cpu_seconds: cpu,
             ops_per_s: if secs > 0.0 { ops as f64 / secs } else { 0.0 },
             server_cpu_us_per_op: if ops > 0 { cpu * 1e6 / ops as f64 } else { 0.0 },
-        }
-    };
-    let rate = |x: &Slice| {
-        if x.seconds > 0.0 {
-            x.ops as f64 / x.seconds
-        } else {
-            0.0
         }
     };
     let pair_ratios: Vec<f64> = slices
@@ -212,8 +209,8 @@ pub fn summarize(slices: &[Slice]) -> Summary {
         .filter_map(|pair| {
             let a = pair.iter().find(|x| x.side == 0)?;
             let b = pair.iter().find(|x| x.side == 1)?;
-            let rb = rate(b);
-            (rb > 0.0).then(|| rate(a) / rb)
+            let rb = b.rate();
+            (rb > 0.0).then(|| a.rate() / rb)
         })
         .collect();
     let mut sorted = pair_ratios.clone();
@@ -247,24 +244,18 @@ pub fn results(
     (0..2)
         .map(|side| {
             let mine: Vec<&Slice> = slices.iter().filter(|s| s.side == side).collect();
-            let seconds: f64 = mine.iter().map(|s| s.seconds).sum();
-            let cpu: f64 = mine.iter().map(|s| s.server_cpu_seconds).sum();
+            let totals = &summary.sides[side];
             let mut r = crate::report::RunResult::new(WORKLOAD, targets[side], clients);
             r.value_size = Some(value_size);
-            r.ops = mine.iter().map(|s| s.ops).sum();
-            r.duration_s = seconds;
-            r.throughput = summary.sides[side].ops_per_s;
-            r.server_cpu = if seconds > 0.0 { cpu / seconds } else { 0.0 };
-            let rates: Vec<f64> = mine
-                .iter()
-                .map(|s| {
-                    if s.seconds > 0.0 {
-                        s.ops as f64 / s.seconds
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
+            r.ops = totals.ops;
+            r.duration_s = totals.seconds;
+            r.throughput = totals.ops_per_s;
+            r.server_cpu = if totals.seconds > 0.0 {
+                totals.server_cpu_seconds / totals.seconds
+            } else {
+                0.0
+            };
+            let rates: Vec<f64> = mine.iter().map(|s| s.rate()).collect();
             r.extra
                 .insert("runs_throughput".into(), serde_json::json!(rates));
             r.extra

@@ -529,7 +529,14 @@ fn run_pair(
 }
 
 /// The `--interleave` run: durable SET on the mqkv server (A) against `other` (B).
-fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Result<()> {
+fn run_interleaved(
+    rt: &tokio::runtime::Runtime,
+    scratch: &Path,
+    args: &Args,
+    plan: &Plan,
+    bins: &Binaries,
+    other: &str,
+) -> Result<()> {
     let (b_target, b_bins, b_name) = if other == "redis-aof" {
         if bins.redis.is_none() {
             bail!("--interleave redis-aof needs Redis (not with --no-anchors)");
@@ -548,8 +555,6 @@ fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Re
         };
         (Target::MqkvDisk, Some(b), path.display().to_string())
     };
-    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
     let clients = plan.disk_clients.first().copied().unwrap_or(64);
     let value_size = plan.value_sizes.first().copied().unwrap_or(16);
     let ip = interleave_plan(args, plan, clients, value_size);
@@ -560,15 +565,9 @@ fn run_interleaved(args: &Args, plan: &Plan, bins: &Binaries, other: &str) -> Re
         ip.slice.as_millis(),
         bins.mqkv.display()
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let b_bins = b_bins.as_ref().unwrap_or(bins);
     let sides = [(Target::MqkvDisk, bins), (b_target, b_bins)];
-    let slices = run_pair(&rt, sides, &scratch, &ip);
-    rt.shutdown_timeout(Duration::from_secs(2));
-    let _ = std::fs::remove_dir_all(&scratch);
-    let slices = slices?;
+    let slices = run_pair(rt, sides, scratch, &ip)?;
     let summary = interleave::summarize(&slices);
     for (name, s) in [("A", &summary.sides[0]), ("B", &summary.sides[1])] {
         println!(
@@ -674,19 +673,22 @@ fn run(args: Args) -> Result<()> {
         mosquitto,
         redis,
     };
+    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     if let Some(other) = &args.interleave {
-        return run_interleaved(&args, &plan, &bins, other);
+        let done = run_interleaved(&rt, &scratch, &args, &plan, &bins, other);
+        rt.shutdown_timeout(Duration::from_secs(2));
+        let _ = std::fs::remove_dir_all(&scratch);
+        return done;
     }
     let versions = json!({
         "mqkv": servers::version_of(&bins.mqkv, "--version"),
         "mosquitto": bins.mosquitto.as_ref().and_then(|b| servers::version_of(b, "-h")),
         "redis": bins.redis.as_ref().and_then(|b| servers::version_of(b, "--version")),
     });
-    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let todo = jobs(&plan, &bins);
     eprintln!(
         "mqkv-bench: {} configurations, {:.1} s each (+{:.1} s warm-up); server {}",

@@ -39,7 +39,7 @@ pub struct Settings {
     pub keys_per_client: u64,
 }
 
-pub(crate) const OP_TIMEOUT: Duration = Duration::from_secs(10);
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(2);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -133,23 +133,9 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
         bench_cpu: (me1 - me0) / s.duration.as_secs_f64(),
         failures: Vec::new(),
     };
-    // No timer per request or per client: a client still waiting for an answer `OP_TIMEOUT`
-    // after the window ends has waited longer than that, and is stopped here.
-    loop {
-        let joined = match tokio::time::timeout_at((end + OP_TIMEOUT).into(), set.join_next()).await
-        {
-            Ok(Some(joined)) => joined,
-            Ok(None) => break,
-            Err(_) => {
-                out.failures.push(format!(
-                    "{} of the clients timed out after {OP_TIMEOUT:?} waiting for a response",
-                    set.len()
-                ));
-                set.abort_all();
-                while set.join_next().await.is_some() {}
-                break;
-            }
-        };
+    let (joined, timed_out) = join_clients(set, end).await;
+    out.failures.extend(timed_out);
+    for joined in joined {
         match joined {
             Ok((hist, ops, errors, failure)) => {
                 let _ = out.hist.add(&hist);
@@ -163,6 +149,31 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
         }
     }
     out
+}
+
+/// Joins every client task of a run whose load ended at `end`. No timer per request or per
+/// client: a client still waiting for an answer `OP_TIMEOUT` after that has waited longer than
+/// that, and is stopped; the failure returned says how many were.
+pub(crate) async fn join_clients<T: 'static>(
+    mut set: JoinSet<T>,
+    end: Instant,
+) -> (Vec<Result<T, tokio::task::JoinError>>, Option<String>) {
+    let mut joined = Vec::with_capacity(set.len());
+    loop {
+        match tokio::time::timeout_at((end + OP_TIMEOUT).into(), set.join_next()).await {
+            Ok(Some(j)) => joined.push(j),
+            Ok(None) => return (joined, None),
+            Err(_) => {
+                let failure = format!(
+                    "{} of the clients timed out after {OP_TIMEOUT:?} waiting for a response",
+                    set.len()
+                );
+                set.abort_all();
+                while set.join_next().await.is_some() {}
+                return (joined, Some(failure));
+            }
+        }
+    }
 }
 
 /// Connects `n` clients with `make`, at most 64 at a time.
