@@ -68,6 +68,12 @@ pub enum WriteError {
     /// Anything else the log reported.
     #[error("replicated log error: {0}")]
     Raft(String),
+
+    /// No leader that can reach a quorum answered in time (a node cut off
+    /// from most of its group, or an election under way). The write may
+    /// still be applied later.
+    #[error("the state store is unavailable: {0}")]
+    Unavailable(String),
 }
 
 fn leader_hint(leader: &Option<NodeId>) -> String {

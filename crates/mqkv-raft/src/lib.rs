@@ -80,9 +80,14 @@
 //! | `proposer` | log order is arrival order; each writer gets its own answer |
 //! | `state_machine` | a snapshot never holds part of a log entry; replay skips the hook |
 //! | `node` | a handle is given out only after recovery is complete |
-//! | `network` | the only place that will talk to other nodes |
+//! | `wire` | only holders of the cluster secret exchange frames; every frame is checked |
+//! | `peer`, `rpc` | every call to another node ends, answered or failed |
+//! | `network` | raft reaches other nodes only through the peer links |
+//! | `cluster` | requests from other nodes are served only on authenticated links |
+//! | `route` | a write or linearizable read waits at most the quorum wait |
 //! | `runtime` | raft's tasks never queue behind connections other than those of a thread it is lent |
 
+mod cluster;
 mod error;
 mod files;
 mod flavor;
@@ -91,18 +96,24 @@ mod log_file;
 mod log_store;
 mod network;
 mod node;
+mod peer;
 mod proposer;
+mod route;
+mod rpc;
 mod runtime;
 mod snapshot_file;
 mod state_machine;
 mod stats;
+mod status;
 mod sync;
 mod types;
 mod uring;
+mod wire;
 
 #[cfg(test)]
 mod tests;
 
+pub use cluster::{ClusterOptions, MembershipError};
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
 #[doc(hidden)]
@@ -113,5 +124,6 @@ pub use proposer::PendingWrite;
 pub use runtime::SharedThread;
 pub use state_machine::{set_after_snapshot, ApplyHook};
 pub use stats::StoreStats;
+pub use status::{ClusterStatus, MemberStatus, NodeReport, Role};
 pub use types::{NodeId, DEFAULT_NODE_ID};
 pub use uring::direct_log_writes_work;

@@ -1,11 +1,12 @@
-//! Node-to-node transport.
-//!
-//! A one-member group never sends an RPC, so for now every peer is
-//! unreachable. Clustering replaces [`Unreachable`] with a real client; the
-//! rest of the crate does not change, because raft only sees the
-//! [`openraft::RaftNetworkFactory`] trait.
+//! Raft's view of the other nodes: its RPCs, carried over the peer links
+//! (see `peer`). A one-member group that was started without a cluster
+//! listener sends none; asked to, it reports the peer unreachable.
 
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable as UnreachableError};
+use std::sync::Arc;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable as UnreachableError,
+};
 use openraft::network::RPCOption;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
@@ -13,59 +14,111 @@ use openraft::raft::{
 };
 use openraft::{BasicNode, RaftNetwork, RaftNetworkFactory};
 
+use crate::peer::{CallError, Peer, Peers};
+use crate::rpc::{Request, Response};
 use crate::types::{NodeId, TypeConfig};
 
 /// Hands out a client per peer.
-pub(crate) struct Network;
+pub(crate) struct Network {
+    pub(crate) peers: Option<Arc<Peers>>,
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = Unreachable;
+    type Network = PeerClient;
 
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Unreachable {
-        Unreachable { target }
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
+        PeerClient {
+            target,
+            peer: self
+                .peers
+                .as_ref()
+                .map(|peers| peers.get(target, &node.addr)),
+        }
     }
 }
 
-/// A peer this build cannot talk to.
-pub(crate) struct Unreachable {
+/// Raft's client of one peer.
+pub(crate) struct PeerClient {
     target: NodeId,
+    /// `None` without a cluster listener.
+    peer: Option<Arc<Peer>>,
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("node {0} is unreachable: this build has no node-to-node transport")]
+#[error("node {0} is unreachable: this node was started without a cluster listener")]
 struct NoTransport(NodeId);
 
-impl Unreachable {
-    fn error<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        RPCError::Unreachable(UnreachableError::new(&NoTransport(self.target)))
+#[derive(Debug, thiserror::Error)]
+#[error("node {0} answered a {1} request with something else")]
+struct WrongAnswer(NodeId, &'static str);
+
+// openraft's `RaftNetwork` trait fixes these error types, large as they are.
+#[allow(clippy::result_large_err)]
+type Rpc<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, BasicNode, E>>;
+
+#[allow(clippy::result_large_err)]
+impl PeerClient {
+    async fn call<E: std::error::Error>(
+        &self,
+        request: Request,
+        option: &RPCOption,
+    ) -> Rpc<Response, E> {
+        let Some(peer) = &self.peer else {
+            return Err(RPCError::Unreachable(UnreachableError::new(&NoTransport(
+                self.target,
+            ))));
+        };
+        peer.call(request, option.hard_ttl())
+            .await
+            .map_err(|e| match e {
+                CallError::Unreachable { .. } => RPCError::Unreachable(UnreachableError::new(&e)),
+                CallError::Timeout { .. } => RPCError::Network(NetworkError::new(&e)),
+            })
+    }
+
+    fn wrong<E: std::error::Error>(&self, what: &'static str) -> RPCError<NodeId, BasicNode, E> {
+        RPCError::Network(NetworkError::new(&WrongAnswer(self.target, what)))
+    }
+
+    fn remote<T, E: std::error::Error>(
+        &self,
+        answer: Result<T, RaftError<NodeId, E>>,
+    ) -> Rpc<T, RaftError<NodeId, E>> {
+        answer.map_err(|e| RPCError::RemoteError(openraft::error::RemoteError::new(self.target, e)))
     }
 }
 
-impl RaftNetwork<TypeConfig> for Unreachable {
+impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.error())
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Rpc<AppendEntriesResponse<NodeId>> {
+        match self.call(Request::AppendEntries(rpc), &option).await? {
+            Response::AppendEntries(answer) => self.remote(answer),
+            _ => Err(self.wrong("append-entries")),
+        }
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        Err(self.error())
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Rpc<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>> {
+        match self.call(Request::InstallSnapshot(rpc), &option).await? {
+            Response::InstallSnapshot(answer) => self.remote(answer),
+            _ => Err(self.wrong("install-snapshot")),
+        }
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.error())
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Rpc<VoteResponse<NodeId>> {
+        match self.call(Request::Vote(rpc), &option).await? {
+            Response::Vote(answer) => self.remote(answer),
+            _ => Err(self.wrong("vote")),
+        }
     }
 }

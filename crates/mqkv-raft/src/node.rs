@@ -15,14 +15,18 @@ use mqkv_store::{Entry, StateMachine, StoreConfig};
 use openraft::error::Fatal;
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 
+use crate::cluster::{self, Cluster, ClusterOptions, MembershipError};
 use crate::files::{self, corrupt, io_error, read_meta, FileKind, Location};
 use crate::log_store::{LogShared, LogStore};
 use crate::network::Network;
+use crate::peer::Peers;
 use crate::proposer::{PendingWrite, Proposer};
+use crate::route::{ReadBarrier, Route};
 use crate::runtime::{RaftThread, SharedThread};
 use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
 use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
+use crate::status::ClusterStatus;
 use crate::types::{LogId, Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
 use crate::{legacy_log, log_file};
 use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
@@ -71,6 +75,10 @@ pub struct NodeOptions {
     /// copy, no sync thread), where the system allows it; otherwise, or if
     /// false, through the page cache and an `fdatasync` on a sync thread.
     pub direct_log_writes: bool,
+    /// Run as a member of a group of several nodes (see
+    /// [`ClusterOptions`]); `None` is a one-member group that talks to
+    /// nobody. `node_id` is then the node's id in the group.
+    pub cluster: Option<ClusterOptions>,
 }
 
 impl Default for NodeOptions {
@@ -86,6 +94,7 @@ impl Default for NodeOptions {
             piecewise_snapshot_keys: 10_000,
             thread: None,
             direct_log_writes: true,
+            cluster: None,
         }
     }
 }
@@ -117,6 +126,11 @@ pub(crate) struct Inner {
     pub(crate) counters: Arc<Counters>,
     pub(crate) node_id: NodeId,
     pub(crate) log_path: PathBuf,
+    /// Where writes and reads go; with peers, linearizable reads share
+    /// rounds here.
+    pub(crate) route: Route,
+    pub(crate) reads: Option<ReadBarrier>,
+    pub(crate) cluster: Option<Arc<Cluster>>,
 }
 
 impl Drop for Inner {
@@ -229,6 +243,86 @@ impl StoreNode {
         self.inner.node_id
     }
 
+    /// True for a node started with [`NodeOptions::cluster`]: reads must
+    /// then wait for [`Self::linearizable`].
+    pub fn is_clustered(&self) -> bool {
+        self.inner.cluster.is_some()
+    }
+
+    /// True while this node leads its group (always, for a node without
+    /// peers once it is open). Only the leader proposes key expiry.
+    pub fn is_leader(&self) -> bool {
+        self.inner.route.is_leader()
+    }
+
+    /// Resolves once a [`Self::read`] on this node sees every write
+    /// acknowledged, on any node, before the call: at once without peers;
+    /// otherwise after a read index round with the leader (shared with the
+    /// reads that arrive meanwhile). Fails with
+    /// [`WriteError::Unavailable`] when no leader with a quorum answers
+    /// within the quorum wait.
+    pub fn linearizable(
+        &self,
+    ) -> impl std::future::Future<Output = Result<(), WriteError>> + Send + 'static {
+        let waiting = self.inner.reads.as_ref().map(ReadBarrier::wait);
+        async move {
+            match waiting {
+                Some(waiting) => waiting.await,
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// Where clients reach this node, as `cluster status` reports it.
+    pub fn set_client_addrs(&self, addrs: Vec<String>) {
+        if let Some(cluster) = &self.inner.cluster {
+            cluster.set_client_addrs(addrs);
+        }
+    }
+
+    /// Every member's status, each asked for its own (`None` without
+    /// peers).
+    pub async fn cluster_status(&self) -> Option<ClusterStatus> {
+        let cluster = self.inner.cluster.clone()?;
+        let raft = self.inner.raft.clone();
+        self.inner
+            .thread
+            .run(async move { cluster.status(&raft).await })
+            .await
+            .ok()
+    }
+
+    /// Adds node `id`, reached at `addr`, to the group: it joins as a
+    /// learner, catches up, then votes. Passed to the leader from any node.
+    pub async fn add_node(&self, id: NodeId, addr: String) -> Result<(), MembershipError> {
+        self.membership(move |cluster, raft| async move { cluster.add_node(&raft, id, addr).await })
+            .await
+    }
+
+    /// Removes node `id` from the group. Passed to the leader from any node.
+    pub async fn remove_node(&self, id: NodeId) -> Result<(), MembershipError> {
+        self.membership(move |cluster, raft| async move { cluster.remove_node(&raft, id).await })
+            .await
+    }
+
+    async fn membership<F, Fut>(&self, change: F) -> Result<(), MembershipError>
+    where
+        F: FnOnce(Arc<Cluster>, Raft<TypeConfig>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), MembershipError>> + Send + 'static,
+    {
+        let Some(cluster) = self.inner.cluster.clone() else {
+            return Err(MembershipError::Refused(
+                "this node was started without a cluster listener".into(),
+            ));
+        };
+        let raft = self.inner.raft.clone();
+        self.inner
+            .thread
+            .run(change(cluster, raft))
+            .await
+            .map_err(MembershipError::Unavailable)?
+    }
+
     /// Counters of the store's file activity.
     pub fn stats(&self) -> StoreStats {
         let counters = &self.inner.counters;
@@ -272,15 +366,38 @@ async fn open(
             .await
             .map_err(start_error)??
     };
-    let raft_config = openraft::Config {
+    let mut raft_config = openraft::Config {
         cluster_name: "mqkv-state-store".into(),
         snapshot_policy: SnapshotPolicy::LogsSinceLast(options.snapshot_every.max(1)),
         max_in_snapshot_log_to_keep: options.logs_kept_after_snapshot,
         replication_lag_threshold: options.snapshot_every.max(1).saturating_mul(2),
         ..Default::default()
+    };
+    if options.cluster.is_some() {
+        // Heartbeats and elections paced for nodes that share busy CPUs and
+        // sync a disk: a leader that is merely slow for a moment is not
+        // deposed, one that died is replaced within about a second.
+        raft_config.heartbeat_interval = 100;
+        raft_config.election_timeout_min = 500;
+        raft_config.election_timeout_max = 1000;
+        // Log entries are batches of up to a few MiB each; a bounded number
+        // per message keeps every message far below the links' frame limit.
+        raft_config.max_payload_entries = 64;
     }
-    .validate()
-    .map_err(start_error)?;
+    let raft_config = raft_config.validate().map_err(start_error)?;
+    let listener = match &options.cluster {
+        Some(cluster) => Some(
+            std::net::TcpListener::bind(cluster.listen)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| {
+                    OpenError::Start(format!(
+                        "cannot listen for other nodes on {}: {e}",
+                        cluster.listen
+                    ))
+                })?,
+        ),
+        None => None,
+    };
 
     let Recovered {
         log,
@@ -305,38 +422,68 @@ async fn open(
         let log_for_proposer = log_shared.clone();
         // Two snapshot periods: one being built while the next fills.
         let max_log_entries = options.snapshot_every.max(1).saturating_mul(2);
-        // Raft's tasks, and the proposer's, are spawned on the raft thread.
+        let cluster_options = options.cluster.clone();
+        // Raft's tasks, the proposer's and the cluster listener's are
+        // spawned on the raft thread.
         thread
             .run(async move {
+                let cluster = cluster_options.as_ref().map(|c| {
+                    let peers = Arc::new(Peers::new(node_id, Arc::from(c.secret.as_slice())));
+                    Arc::new(Cluster::new(peers, c.advertised()))
+                });
+                let network = Network {
+                    peers: cluster.as_ref().map(|c| c.peers.clone()),
+                };
                 let raft = Raft::new(
                     node_id,
                     Arc::new(raft_config),
-                    Network,
+                    network,
                     log,
                     StateMachineStore::new(state),
                 )
                 .await
                 .map_err(start_error)?;
+                let quorum_wait = cluster_options
+                    .as_ref()
+                    .map_or(Duration::ZERO, |c| c.quorum_wait);
+                let route = Route::new(
+                    raft.clone(),
+                    cluster.as_ref().map(|c| c.peers.clone()),
+                    quorum_wait,
+                );
+                let reads = cluster.as_ref().map(|_| ReadBarrier::start(route.clone()));
+                if let (Some(listener), Some(cluster)) = (listener, &cluster) {
+                    let listener =
+                        tokio::net::TcpListener::from_std(listener).map_err(start_error)?;
+                    tokio::spawn(cluster::serve(
+                        listener,
+                        raft.clone(),
+                        route.clone(),
+                        cluster.clone(),
+                    ));
+                }
                 let proposer = Proposer::start(
                     raft.clone(),
+                    route.clone(),
                     counters,
                     snapshot_log_bytes,
                     log_for_proposer,
                     max_log_entries,
                 );
-                Ok::<_, OpenError>((raft, proposer))
+                Ok::<_, OpenError>((raft, proposer, route, reads, cluster))
             })
             .await
     };
-    let (raft, proposer) = match started.map_err(OpenError::Start).and_then(|r| r) {
-        Ok(started) => started,
-        Err(e) => {
-            thread.stop();
-            let _ = log_shared.close().await;
-            state.close();
-            return Err(e);
-        }
-    };
+    let (raft, proposer, route, reads, cluster) =
+        match started.map_err(OpenError::Start).and_then(|r| r) {
+            Ok(started) => started,
+            Err(e) => {
+                thread.stop();
+                let _ = log_shared.close().await;
+                state.close();
+                return Err(e);
+            }
+        };
     let node = StoreNode {
         inner: Arc::new(Inner {
             proposer,
@@ -347,6 +494,9 @@ async fn open(
             counters,
             node_id,
             log_path,
+            route,
+            reads,
+            cluster,
         }),
     };
     match become_ready(&node, &options, last_index).await {
@@ -372,8 +522,27 @@ async fn become_ready(
     let raft = &node.inner.raft;
     let id = node.inner.node_id;
     if !raft.is_initialized().await.map_err(start_error)? {
-        let members = BTreeMap::from([(id, BasicNode::new(&options.advertise_addr))]);
-        raft.initialize(members).await.map_err(start_error)?;
+        match &options.cluster {
+            None => {
+                let members = BTreeMap::from([(id, BasicNode::new(&options.advertise_addr))]);
+                raft.initialize(members).await.map_err(start_error)?;
+            }
+            // Added to a running group later; nothing to wait for now.
+            Some(cluster) if cluster.join => return Ok(()),
+            Some(cluster) => {
+                let members = cluster.initial_members(id).map_err(OpenError::Start)?;
+                // Every first member does this with the same list, which
+                // forms one group; a member that already heard from the
+                // others has a log and is refused, which is what it needs.
+                match raft.initialize(members).await {
+                    Ok(()) => tracing::info!(node = id, "cluster formed"),
+                    Err(openraft::error::RaftError::APIError(
+                        openraft::error::InitializeError::NotAllowed(_),
+                    )) => {}
+                    Err(e) => return Err(start_error(e)),
+                }
+            }
+        }
     }
     let metrics = raft
         .wait(Some(options.ready_timeout))
@@ -459,6 +628,17 @@ pub(crate) fn recover(
         Some((_, loaded)) => loaded.node_id,
         None => options.node_id,
     };
+    if options.cluster.is_some() && node_id != options.node_id {
+        // A node answering to another id would vote and hold log entries
+        // under a name the group gave to someone else.
+        return Err(OpenError::Inconsistent {
+            dir: location.dir(),
+            reason: format!(
+                "it belongs to node {node_id}, but this node was started as node {}",
+                options.node_id
+            ),
+        });
+    }
     let stored_config = read_meta(&state_file.db, STORE_CONFIG_META, &state_file.path)?
         .ok_or_else(|| corrupt(&state_file.path, "it records no store configuration"))?;
     let stored_config: StoreConfig = postcard::from_bytes(&stored_config).map_err(|e| {

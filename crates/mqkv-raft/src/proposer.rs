@@ -32,12 +32,12 @@ use std::task::{Context, Poll};
 
 use mqkv_protocol::Command;
 use mqkv_store::{Applied, Entry, Op};
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::Raft;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::log_store::LogShared;
+use crate::route::Route;
 use crate::stats::Counters;
 use crate::sync;
 use crate::types::{Outcome, Proposal, TypeConfig};
@@ -77,6 +77,7 @@ impl Proposer {
     /// wait (up to [`LOG_FULL_MAX_WAIT`]) for a snapshot.
     pub(crate) fn start(
         raft: Raft<TypeConfig>,
+        route: Route,
         counters: Arc<Counters>,
         snapshot_log_bytes: u64,
         log: Arc<LogShared>,
@@ -89,7 +90,7 @@ impl Proposer {
             log,
             max_entries,
         };
-        let task = tokio::spawn(run(raft, rx, Arc::new(log_limit)));
+        let task = tokio::spawn(run(raft, route, rx, Arc::new(log_limit)));
         Proposer {
             tx,
             task: Mutex::new(Some(task)),
@@ -173,6 +174,7 @@ impl LogLimit {
 
 async fn run(
     raft: Raft<TypeConfig>,
+    route: Route,
     mut rx: mpsc::UnboundedReceiver<Pending>,
     log_limit: Arc<LogLimit>,
 ) {
@@ -197,16 +199,7 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let result = match raft.client_write(Proposal(Arc::new(entries))).await {
-            Ok(written) => Ok(written.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                Err(WriteError::NotLeader {
-                    leader: forward.leader_id,
-                })
-            }
-            Err(RaftError::APIError(other)) => Err(WriteError::Raft(other.to_string())),
-            Err(RaftError::Fatal(fatal)) => Err(crate::node::fatal_error(fatal)),
-        };
+        let result = route.write(Proposal(Arc::new(entries))).await;
         answer(replies, result);
         if log_limit.exceeded() {
             // Ignored by raft while a snapshot is being built; an error here

@@ -61,6 +61,134 @@ impl Default for StateStoreConfig {
     }
 }
 
+/// Membership of a cluster: the `[cluster]` table.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This node's id in the group (a positive number, unique in the group).
+    pub node_id: u64,
+    /// Where this node listens for the other nodes.
+    pub listen: SocketAddr,
+    /// The group's first members as `ID=HOST:PORT`, this node included. Empty: a group of
+    /// this node alone, which `mqkv cluster add-node` grows.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// The address the other nodes reach this one at (default: `listen`).
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// Start as no member, waiting for `mqkv cluster add-node` on a running group.
+    #[serde(default)]
+    pub join: bool,
+    /// The secret every node of the group shares. Needed unless every cluster address is a
+    /// loopback address.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// A file holding the secret (its first line), instead of `secret`.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// Longest a state store request waits for a leader that can reach a quorum before it
+    /// is answered with status 503, in milliseconds.
+    #[serde(default = "default_quorum_wait_ms")]
+    pub quorum_wait_ms: u64,
+}
+
+fn default_quorum_wait_ms() -> u64 {
+    3_000
+}
+
+/// A `--peer` value: `ID=HOST:PORT`.
+pub fn parse_peer(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text
+        .split_once('=')
+        .ok_or_else(|| format!("'{text}' is not ID=HOST:PORT"))?;
+    let id: u64 = id
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{id}' in '{text}' is not a node id"))?;
+    if id == 0 {
+        return Err(format!("node ids start at 1 ('{text}')"));
+    }
+    let addr = addr.trim();
+    match addr.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {}
+        _ => return Err(format!("'{addr}' in '{text}' is not HOST:PORT")),
+    }
+    Ok((id, addr.to_owned()))
+}
+
+impl ClusterConfig {
+    /// The options of the replicated log: peers parsed, the secret read and checked.
+    pub fn options(&self) -> Result<mqkv_raft::ClusterOptions, String> {
+        if self.node_id == 0 {
+            return Err("the node id must be 1 or more".into());
+        }
+        let mut peers = std::collections::BTreeMap::new();
+        for text in &self.peers {
+            let (id, addr) = parse_peer(text)?;
+            if peers.insert(id, addr).is_some() {
+                return Err(format!("node {id} is named twice in the peer list"));
+            }
+        }
+        if !peers.is_empty() && !peers.contains_key(&self.node_id) {
+            return Err(format!(
+                "the peer list must name this node ({}) with its own cluster address",
+                self.node_id
+            ));
+        }
+        let secret = match (&self.secret, &self.secret_file) {
+            (Some(_), Some(_)) => {
+                return Err("give the cluster secret or a secret file, not both".into())
+            }
+            (Some(secret), None) => secret.clone(),
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| {
+                    format!(
+                        "cannot read the cluster secret file {}: {e}",
+                        path.display()
+                    )
+                })?
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            (None, None) => String::new(),
+        };
+        if secret.is_empty() {
+            let loopback = |addr: &str| {
+                addr.rsplit_once(':')
+                    .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
+                    .is_some_and(|host| {
+                        host == "localhost"
+                            || host
+                                .parse::<std::net::IpAddr>()
+                                .is_ok_and(|ip| ip.is_loopback())
+                    })
+            };
+            let all_loopback = self.listen.ip().is_loopback()
+                && peers.values().all(|a| loopback(a))
+                && self.advertise.as_deref().is_none_or(loopback);
+            if !all_loopback {
+                return Err(
+                    "a cluster reachable beyond this machine needs a shared secret \
+                     (--cluster-secret, --cluster-secret-file or [cluster] secret)"
+                        .into(),
+                );
+            }
+            tracing::warn!(
+                "cluster traffic is authenticated with an empty secret: fine on loopback only"
+            );
+        }
+        Ok(mqkv_raft::ClusterOptions {
+            listen: self.listen,
+            advertise: self.advertise.clone(),
+            peers,
+            join: self.join,
+            secret: secret.into_bytes(),
+            quorum_wait: std::time::Duration::from_millis(self.quorum_wait_ms.max(1)),
+        })
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
@@ -102,6 +230,8 @@ pub struct ServerConfig {
     /// the page cache with an `fdatasync` on a sync thread otherwise or when this is off
     /// (round 27 of `docs/bench/changes.md`).
     pub direct_log_writes: bool,
+    /// Membership of a cluster; `None` runs a single node.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for ServerConfig {
@@ -118,6 +248,7 @@ impl Default for ServerConfig {
             batch_scheduling: true,
             raft_thread: RaftThread::Auto,
             direct_log_writes: true,
+            cluster: None,
         }
     }
 }
@@ -231,6 +362,83 @@ mod tests {
         let c: ServerConfig = toml::from_str(block).expect("the README example parses");
         assert_eq!(c.storage, StorageKind::Disk);
         assert_eq!(c.broker.users.len(), 1);
+    }
+
+    #[test]
+    fn reads_a_cluster_table() {
+        let c: ServerConfig = toml::from_str(
+            r#"
+            [cluster]
+            node_id = 2
+            listen = "127.0.0.1:7002"
+            peers = ["1=127.0.0.1:7001", "2=127.0.0.1:7002", "3=127.0.0.1:7003"]
+            secret = "s"
+            "#,
+        )
+        .expect("valid");
+        let cluster = c.cluster.expect("a cluster table");
+        let options = cluster.options().expect("valid options");
+        assert_eq!(options.peers.len(), 3);
+        assert_eq!(options.peers[&3], "127.0.0.1:7003");
+        assert_eq!(options.secret, b"s");
+        assert_eq!(options.quorum_wait, std::time::Duration::from_millis(3000));
+        assert!(!options.join);
+    }
+
+    #[test]
+    fn refuses_bad_cluster_settings() {
+        let base = ClusterConfig {
+            node_id: 1,
+            listen: "127.0.0.1:7001".parse().expect("addr"),
+            peers: vec!["1=127.0.0.1:7001".into(), "2=127.0.0.1:7002".into()],
+            advertise: None,
+            join: false,
+            secret: None,
+            secret_file: None,
+            quorum_wait_ms: 3000,
+        };
+        assert!(
+            base.options().is_ok(),
+            "loopback without a secret is allowed"
+        );
+        let wide = ClusterConfig {
+            listen: "0.0.0.0:7001".parse().expect("addr"),
+            ..base.clone()
+        };
+        let err = wide.options().expect_err("a wide listener needs a secret");
+        assert!(err.contains("secret"), "{err}");
+        let secret = ClusterConfig {
+            secret: Some("x".into()),
+            ..wide
+        };
+        assert!(secret.options().is_ok());
+        let missing_self = ClusterConfig {
+            node_id: 3,
+            ..base.clone()
+        };
+        assert!(missing_self
+            .options()
+            .expect_err("not named")
+            .contains("must name this node"));
+        let twice = ClusterConfig {
+            peers: vec!["1=127.0.0.1:7001".into(), "1=127.0.0.1:7002".into()],
+            ..base.clone()
+        };
+        assert!(twice.options().expect_err("twice").contains("twice"));
+        for bad in [
+            "x=127.0.0.1:1",
+            "1",
+            "0=127.0.0.1:1",
+            "1=nohost",
+            "1=:80",
+            "1=h:port",
+        ] {
+            assert!(parse_peer(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_peer("7=node-7.local:7007"),
+            Ok((7, "node-7.local:7007".into()))
+        );
     }
 
     #[test]

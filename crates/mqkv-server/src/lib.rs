@@ -1,5 +1,6 @@
 //! The mqkv server: configuration, the broker, and the state store service wired together.
 
+pub mod admin;
 pub mod config;
 pub mod persistence;
 pub mod statestore;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use mqkv_broker::Broker;
 use mqkv_raft::StoreNode;
 
-pub use config::{RaftThread, ServerConfig, StorageKind};
+pub use config::{ClusterConfig, RaftThread, ServerConfig, StorageKind};
 pub use mqkv_raft::set_after_snapshot;
 
 /// A started server.
@@ -34,6 +35,8 @@ pub enum StartError {
     Limits(mqkv_raft::WriteError),
     #[error("cannot load broker state: {0}")]
     Import(#[from] mqkv_broker::persist::ImportError),
+    #[error("invalid cluster settings: {0}")]
+    Cluster(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -48,6 +51,10 @@ impl Server {
         broker_config.connection_threads = config.workers.unwrap_or(0);
         broker_config.pin_connection_threads = config.pin_workers;
         broker_config.batch_connection_threads = config.batch_scheduling;
+        let cluster = match &config.cluster {
+            Some(c) => Some(c.options().map_err(StartError::Cluster)?),
+            None => None,
+        };
         let broker = Broker::new(broker_config).map_err(StartError::Threads)?;
         let saver = match config.storage {
             StorageKind::Memory => None,
@@ -71,11 +78,18 @@ impl Server {
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
         let notifier = statestore::Notifier::new(&broker);
-        let share = match config.raft_thread {
-            RaftThread::Own => false,
-            RaftThread::Shared => true,
-            RaftThread::Auto => broker.connection_threads_on_every_cpu(),
-        };
+        // A node of a cluster runs raft on a thread of its own: its links to the other nodes
+        // and their requests are served there, and must not wait behind client connections.
+        let share = cluster.is_none()
+            && match config.raft_thread {
+                RaftThread::Own => false,
+                RaftThread::Shared => true,
+                RaftThread::Auto => broker.connection_threads_on_every_cpu(),
+            };
+        let node_id = config
+            .cluster
+            .as_ref()
+            .map_or(mqkv_raft::DEFAULT_NODE_ID, |c| c.node_id);
         let thread = share
             .then(|| broker.lend_connection_thread())
             .flatten()
@@ -84,6 +98,8 @@ impl Server {
             StorageKind::Memory => {
                 let options = mqkv_raft::NodeOptions {
                     thread,
+                    node_id,
+                    cluster: cluster.clone(),
                     ..mqkv_raft::NodeOptions::memory()
                 };
                 StoreNode::open_memory_with(store_config, notifier.hook(), options).await?
@@ -93,6 +109,8 @@ impl Server {
                     snapshot_log_bytes: store.snapshot_log_bytes,
                     thread,
                     direct_log_writes: config.direct_log_writes,
+                    node_id,
+                    cluster: cluster.clone(),
                     ..mqkv_raft::NodeOptions::default()
                 };
                 StoreNode::open_disk_with(&config.data_dir, store_config, notifier.hook(), options)
@@ -111,9 +129,16 @@ impl Server {
                 now_ms: statestore::now_ms(),
                 op: mqkv_store::Op::SetLimits(limits),
             };
-            node.write(entry).await.map_err(StartError::Limits)?;
+            if node.is_clustered() {
+                // The group may have no quorum yet: the node serves meanwhile, and the new
+                // limits take effect once a leader has written them.
+                tokio::spawn(set_limits_when_possible(node.clone(), entry));
+            } else {
+                node.write(entry).await.map_err(StartError::Limits)?;
+            }
         }
         statestore::StateStoreService::start(&broker, node.clone(), notifier);
+        admin::AdminService::start(&broker, node.clone());
         let mut listeners = Vec::new();
         for addr in &config.listen {
             match broker.listen(*addr).await {
@@ -128,6 +153,7 @@ impl Server {
                 }
             }
         }
+        node.set_client_addrs(listeners.iter().map(ToString::to_string).collect());
         Ok(Server {
             broker,
             listeners,
@@ -142,6 +168,11 @@ impl Server {
         self.node.stats()
     }
 
+    /// The state store's replicated log.
+    pub fn store(&self) -> &StoreNode {
+        &self.node
+    }
+
     /// Disconnects every client with reason 0x8B and stops.
     pub async fn shutdown(self) {
         self.broker.shutdown(Duration::from_secs(5)).await;
@@ -152,6 +183,20 @@ impl Server {
         }
         if let Err(e) = self.node.shutdown().await {
             tracing::error!(error = %e, "closing the state store failed");
+        }
+    }
+}
+
+/// Writes new state store limits once the group can take them, trying again every second.
+async fn set_limits_when_possible(node: StoreNode, entry: mqkv_store::Entry) {
+    loop {
+        match node.write(entry.clone()).await {
+            Ok(_) => return,
+            Err(mqkv_raft::WriteError::Stopped) => return,
+            Err(e) => {
+                tracing::info!(error = %e, "state store limits not written yet; trying again");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
         }
     }
 }

@@ -230,7 +230,8 @@ impl StateStoreService {
                 None => EXPIRY_LOOK_EVERY,
             }
             .min(EXPIRY_LOOK_EVERY);
-            if wait.is_zero() {
+            // Only the leader proposes expiry; every node applies it from the log.
+            if wait.is_zero() && self.node.is_leader() {
                 match self
                     .node
                     .write(Entry {
@@ -329,23 +330,20 @@ impl StateStoreService {
                 drop(observers);
                 respond(reply, &response, None)
             }
-            Command::Get { key } => {
-                // Encoded straight from the stored value, which is not copied first, and its
-                // version written out there too: a copy of the version would take and drop a
-                // reference to the node id every version shares.
-                let hit = self.node.read(|m| {
-                    m.get_with(key, now, |value, version| {
-                        (response::encode_value(value), version.to_text())
+            Command::Get { .. } | Command::Scan { .. } if self.node.is_clustered() => {
+                // Served once this node has applied every write acknowledged anywhere before
+                // the request arrived.
+                let node = self.node.clone();
+                let ready = node.linearizable();
+                return Handled::Running(Box::pin(async move {
+                    Some(match ready.await {
+                        Ok(()) => read(&node, &request.command, reply, now_ms()),
+                        Err(e) => unavailable(reply, &e.to_string()),
                     })
-                });
-                match hit {
-                    Some((payload, version)) => respond_payload(reply, payload, Some(version)),
-                    None => respond(reply, &Response::Nil, None),
-                }
+                }));
             }
-            Command::Scan { pattern, token } => {
-                let page = self.node.read(|m| m.scan(pattern, token.as_deref(), now));
-                respond(reply, &page, None)
+            Command::Get { .. } | Command::Scan { .. } => {
+                read(&self.node, &request.command, reply, now)
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
                 let window = reply
@@ -374,6 +372,34 @@ impl StateStoreService {
             }
         };
         Handled::Done(Some(answer))
+    }
+}
+
+/// Answers a GET or SCAN from the applied state.
+fn read(node: &StoreNode, command: &Command, reply: Reply, now: u64) -> OutboundMessage {
+    match command {
+        Command::Get { key } => {
+            // Encoded straight from the stored value, which is not copied first, and its
+            // version written out there too: a copy of the version would take and drop a
+            // reference to the node id every version shares.
+            let hit = node.read(|m| {
+                m.get_with(key, now, |value, version| {
+                    (response::encode_value(value), version.to_text())
+                })
+            });
+            match hit {
+                Some((payload, version)) => respond_payload(reply, payload, Some(version)),
+                None => respond(reply, &Response::Nil, None),
+            }
+        }
+        Command::Scan { pattern, token } => {
+            let page = node.read(|m| m.scan(pattern, token.as_deref(), now));
+            respond(reply, &page, None)
+        }
+        other => {
+            tracing::error!(?other, "a request that is not a read was answered as one");
+            unavailable(reply, "internal error: not a read")
+        }
     }
 }
 

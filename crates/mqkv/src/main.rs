@@ -108,6 +108,40 @@ struct ServeArgs {
     /// messages (default: true).
     #[arg(long, value_name = "BOOL")]
     co_locate: Option<bool>,
+    /// Cluster: this node's id (1 or more, unique in the group).
+    #[arg(long, value_name = "ID", help_heading = "Cluster")]
+    node_id: Option<u64>,
+    /// Cluster: where this node listens for the other nodes.
+    #[arg(long, value_name = "ADDR:PORT", help_heading = "Cluster")]
+    cluster_listen: Option<SocketAddr>,
+    /// Cluster: a first member of the group as ID=HOST:PORT (repeatable; this node included).
+    #[arg(long = "peer", value_name = "ID=HOST:PORT", value_parser = parse_peer, help_heading = "Cluster")]
+    peers: Vec<(u64, String)>,
+    /// Cluster: the address other nodes reach this one at (default: --cluster-listen).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Cluster")]
+    cluster_advertise: Option<String>,
+    /// Cluster: start as no member, waiting for `mqkv cluster add-node` on a running group.
+    #[arg(long, help_heading = "Cluster")]
+    join: bool,
+    /// Cluster: the secret all nodes share (needed unless every cluster address is loopback).
+    #[arg(
+        long,
+        env = "MQKV_CLUSTER_SECRET",
+        hide_env_values = true,
+        help_heading = "Cluster"
+    )]
+    cluster_secret: Option<String>,
+    /// Cluster: a file whose first line is the shared secret.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    cluster_secret_file: Option<PathBuf>,
+    /// Cluster: longest a state store request waits for a leader with a quorum before it is
+    /// answered with status 503 (default 3000).
+    #[arg(long, value_name = "MS", help_heading = "Cluster")]
+    quorum_wait_ms: Option<u64>,
+}
+
+fn parse_peer(s: &str) -> Result<(u64, String), String> {
+    mqkv_server::config::parse_peer(s)
 }
 
 fn parse_storage(s: &str) -> Result<StorageKind, String> {
@@ -207,6 +241,65 @@ impl ServeArgs {
         }
         if let Some(v) = self.snapshot_log_bytes {
             c.state_store.snapshot_log_bytes = v;
+        }
+        let cluster_flags = self.node_id.is_some()
+            || self.cluster_listen.is_some()
+            || !self.peers.is_empty()
+            || self.cluster_advertise.is_some()
+            || self.join
+            || self.cluster_secret.is_some()
+            || self.cluster_secret_file.is_some()
+            || self.quorum_wait_ms.is_some();
+        if cluster_flags {
+            let mut cluster = match c.cluster.take() {
+                Some(cluster) => cluster,
+                None => {
+                    let (Some(node_id), Some(listen)) = (self.node_id, self.cluster_listen) else {
+                        anyhow::bail!("a cluster node needs --node-id and --cluster-listen");
+                    };
+                    mqkv_server::ClusterConfig {
+                        node_id,
+                        listen,
+                        peers: Vec::new(),
+                        advertise: None,
+                        join: false,
+                        secret: None,
+                        secret_file: None,
+                        quorum_wait_ms: 3_000,
+                    }
+                }
+            };
+            if let Some(v) = self.node_id {
+                cluster.node_id = v;
+            }
+            if let Some(v) = self.cluster_listen {
+                cluster.listen = v;
+            }
+            if !self.peers.is_empty() {
+                cluster.peers = self
+                    .peers
+                    .iter()
+                    .map(|(id, addr)| format!("{id}={addr}"))
+                    .collect();
+            }
+            if let Some(v) = self.cluster_advertise {
+                cluster.advertise = Some(v);
+            }
+            if self.join {
+                cluster.join = true;
+            }
+            if let Some(v) = self.cluster_secret {
+                cluster.secret = Some(v);
+                cluster.secret_file = None;
+            }
+            if let Some(v) = self.cluster_secret_file {
+                cluster.secret_file = Some(v);
+                cluster.secret = None;
+            }
+            if let Some(v) = self.quorum_wait_ms {
+                cluster.quorum_wait_ms = v;
+            }
+            c.cluster = Some(cluster);
         }
         Ok(c)
     }

@@ -3,6 +3,7 @@
 //! what they share: connection flags, exit codes, and how errors end the
 //! process (one `mqkv: ...` line on standard error).
 
+mod cluster;
 mod conn;
 mod kv;
 mod leader;
@@ -57,6 +58,9 @@ pub enum ClientCommand {
     /// Campaign for leadership and report every change of leader until interrupted.
     #[command(after_help = EXIT_CODES)]
     Leader(leader::LeaderArgs),
+    /// Inspect or change the cluster the connected node belongs to.
+    #[command(subcommand)]
+    Cluster(cluster::ClusterCommand),
 }
 
 /// Runs one state store command and returns the process exit code.
@@ -81,6 +85,7 @@ pub fn run(command: ClientCommand) -> i32 {
             ClientCommand::Watch(args) => watch::run(args).await,
             ClientCommand::Lock(args) => lock::run(args).await,
             ClientCommand::Leader(args) => leader::run(args).await,
+            ClientCommand::Cluster(command) => cluster::run(command).await,
         }
     });
     // Background tasks (renewals, the connection) end with the runtime.

@@ -1,0 +1,130 @@
+//! Cluster administration over MQTT: `mqkv cluster status`, `add-node` and `remove-node` send
+//! their requests here, on whichever node they connect to.
+//!
+//! A request is a QoS 1 PUBLISH to [`ADMIN_TOPIC`] with a response topic and correlation
+//! data; its payload is one JSON object:
+//!
+//! ```text
+//! {"command": "status"}
+//! {"command": "add-node", "id": 4, "addr": "127.0.0.1:7004"}
+//! {"command": "remove-node", "id": 4}
+//! ```
+//!
+//! The answer is one JSON object: `{"ok": true, "status": {...}}` for a status (see
+//! [`mqkv_raft::ClusterStatus`]), `{"ok": true}` for a membership change made, and
+//! `{"ok": false, "error": "..."}` otherwise. Membership changes are taken only from clients
+//! connected over a loopback address: they decide who holds the data.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mqkv_broker::codec::{Properties, QoS};
+use mqkv_broker::{Broker, Handled, OutboundMessage, Service, ServicePublish};
+use mqkv_raft::StoreNode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Where administration requests go.
+pub const ADMIN_TOPIC: &str = "$mqkv/cluster/v1/invoke";
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case", deny_unknown_fields)]
+enum AdminRequest {
+    Status,
+    AddNode { id: u64, addr: String },
+    RemoveNode { id: u64 },
+}
+
+/// Serves [`ADMIN_TOPIC`].
+pub struct AdminService {
+    node: StoreNode,
+}
+
+impl AdminService {
+    pub fn start(broker: &Broker, node: StoreNode) {
+        broker.claim(&[ADMIN_TOPIC], Arc::new(AdminService { node }));
+    }
+}
+
+impl Service for AdminService {
+    fn on_publish(&self, mut p: ServicePublish, _earlier_running: bool) -> Handled {
+        let (Some(topic), Some(correlation)) = (
+            p.properties.response_topic.take(),
+            p.properties.correlation_data.take(),
+        ) else {
+            tracing::warn!(client_id = %p.from.client_id, "cluster request without response topic or correlation data dropped");
+            return Handled::Done(None);
+        };
+        let reply = move |body: Value| {
+            Some(OutboundMessage {
+                topic,
+                payload: Bytes::from(body.to_string()),
+                qos: QoS::AtLeastOnce,
+                retain: false,
+                properties: Properties {
+                    correlation_data: Some(correlation),
+                    ..Default::default()
+                },
+            })
+        };
+        let request: AdminRequest = match serde_json::from_slice(&p.payload) {
+            Ok(r) => r,
+            Err(e) => return Handled::Done(reply(refused(format!("not a cluster request: {e}")))),
+        };
+        let trusted = p.from.peer.ip().is_loopback();
+        let node = self.node.clone();
+        Handled::Running(Box::pin(async move {
+            let body = match request {
+                AdminRequest::Status => match node.cluster_status().await {
+                    Some(status) => json!({ "ok": true, "status": status }),
+                    None => refused("this node is not part of a cluster".into()),
+                },
+                AdminRequest::AddNode { .. } | AdminRequest::RemoveNode { .. } if !trusted => {
+                    refused("membership changes are taken only from loopback clients".into())
+                }
+                AdminRequest::AddNode { id, addr } => match node.add_node(id, addr).await {
+                    Ok(()) => json!({ "ok": true }),
+                    Err(e) => refused(e.to_string()),
+                },
+                AdminRequest::RemoveNode { id } => match node.remove_node(id).await {
+                    Ok(()) => json!({ "ok": true }),
+                    Err(e) => refused(e.to_string()),
+                },
+            };
+            reply(body)
+        }))
+    }
+}
+
+fn refused(error: String) -> Value {
+    json!({ "ok": false, "error": error })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_and_strangers_do_not() {
+        assert!(matches!(
+            serde_json::from_str::<AdminRequest>(r#"{"command":"status"}"#),
+            Ok(AdminRequest::Status)
+        ));
+        assert!(matches!(
+            serde_json::from_str::<AdminRequest>(r#"{"command":"add-node","id":4,"addr":"h:1"}"#),
+            Ok(AdminRequest::AddNode { id: 4, .. })
+        ));
+        assert!(matches!(
+            serde_json::from_str::<AdminRequest>(r#"{"command":"remove-node","id":2}"#),
+            Ok(AdminRequest::RemoveNode { id: 2 })
+        ));
+        for bad in [
+            r#"{"command":"reboot"}"#,
+            r#"{"command":"add-node"}"#,
+            "[]",
+            "nope",
+        ] {
+            assert!(serde_json::from_str::<AdminRequest>(bad).is_err(), "{bad}");
+        }
+    }
+}
