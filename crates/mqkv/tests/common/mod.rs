@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod store;
 
 use std::io::{BufRead, BufReader};
@@ -28,6 +29,11 @@ impl ServerProcess {
         let mut args = vec!["--listen", listen, "--storage", "disk", "--data-dir", dir];
         args.extend_from_slice(extra);
         Self::spawn(&args)
+    }
+
+    /// Starts `mqkv serve` with exactly these arguments and waits for its first listener.
+    pub fn start_args(args: &[&str]) -> ServerProcess {
+        Self::spawn(args)
     }
 
     fn spawn(args: &[&str]) -> ServerProcess {

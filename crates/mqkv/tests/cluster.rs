@@ -1,0 +1,425 @@
+//! The state store as a cluster of real `mqkv serve` processes on loopback: forming the group,
+//! writes and linearizable reads through every node, notifications across nodes, a leader
+//! killed with SIGKILL under 16 writers, a node left without a quorum, growing from one node to
+//! three and back, and a node with the wrong secret kept out.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::cluster::{cli, TestCluster};
+use common::store::Client;
+
+fn text(payload: &[u8]) -> String {
+    String::from_utf8_lossy(payload).into_owned()
+}
+
+/// The value of a RESP3 bulk string answer (`$3\r\nabc\r\n`), or `None` for a miss.
+fn bulk(payload: &[u8]) -> Option<String> {
+    let t = text(payload);
+    if t == "$-1\r\n" {
+        return None;
+    }
+    Some(
+        t.split("\r\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("GET answer {t:?}"))
+            .to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_one_linearizable_store() {
+    let cluster = TestCluster::start("form", 3, &[]);
+    let leader = cluster.wait_for_leader(1, Duration::from_secs(15));
+    // Every node has heard from the leader and applied the group's first entry.
+    let start = Instant::now();
+    while !cluster.status(leader).is_some_and(|s| {
+        s["nodes"].as_array().into_iter().flatten().all(|n| {
+            n["applied"].as_u64().is_some() && (n["role"] == "leader" || n["role"] == "follower")
+        })
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the followers did not settle"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The status command, against every node, names the same leader and all three nodes.
+    for node in &cluster.nodes {
+        let status = cluster.status(node.id).expect("status");
+        assert_eq!(status["leader"].as_u64(), Some(leader), "{status}");
+        let nodes = status["nodes"].as_array().expect("nodes");
+        assert_eq!(nodes.len(), 3, "{status}");
+        let leaders = nodes.iter().filter(|n| n["role"] == "leader").count();
+        assert_eq!(leaders, 1, "{status}");
+        for n in nodes {
+            assert!(n["applied"].as_u64().is_some(), "{status}");
+            assert!(
+                n["mqtt"][0]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("127.0.0.1:")),
+                "{status}"
+            );
+        }
+    }
+
+    // An observer on one node hears about a change made through another.
+    let observer_node = cluster
+        .nodes
+        .iter()
+        .find(|n| n.id != leader)
+        .expect("a follower")
+        .id;
+    let mut observer = Client::connect("observer", cluster.port(observer_node)).await;
+    let a = observer.call(&[b"KEYNOTIFY", b"watched"]).await;
+    assert_eq!(text(&a.payload), "+OK\r\n");
+
+    // A write through each node is read back at once through every node, and versions only
+    // grow, whichever node took the write.
+    let mut last_version = String::new();
+    for writer in &cluster.nodes {
+        let mut w = Client::connect(&format!("writer-{}", writer.id), writer.mqtt_port).await;
+        let key = format!("key-{}", writer.id);
+        let value = format!("value-{}", writer.id);
+        let a = w.call(&[b"SET", key.as_bytes(), value.as_bytes()]).await;
+        assert_eq!(
+            text(&a.payload),
+            "+OK\r\n",
+            "SET through node {}",
+            writer.id
+        );
+        let version = a.user("__ts").expect("a version").to_owned();
+        assert!(version > last_version, "{version} after {last_version}");
+        last_version = version;
+        for reader in &cluster.nodes {
+            let mut r = Client::connect(
+                &format!("reader-{}-{}", writer.id, reader.id),
+                reader.mqtt_port,
+            )
+            .await;
+            let a = r.call(&[b"GET", key.as_bytes()]).await;
+            assert_eq!(
+                bulk(&a.payload).as_deref(),
+                Some(value.as_str()),
+                "node {} reads what node {} acknowledged",
+                reader.id,
+                writer.id
+            );
+        }
+    }
+    let mut w = Client::connect("notifier", cluster.port(leader)).await;
+    let a = w.call(&[b"SET", b"watched", b"now"]).await;
+    assert_eq!(text(&a.payload), "+OK\r\n");
+    let note = observer
+        .wait_for(|p| p.topic.ends_with(b"/watched") || text(&p.topic).contains("notify"))
+        .await;
+    assert!(
+        text(&note.payload).contains("SET"),
+        "{:?}",
+        text(&note.payload)
+    );
+
+    // SCAN through a follower sees the keys written through the others.
+    let mut s = Client::connect("scanner", cluster.port(observer_node)).await;
+    let a = s.call(&[b"SCAN", b"key-*"]).await;
+    let listing = text(&a.payload);
+    for id in 1..=3 {
+        assert!(listing.contains(&format!("key-{id}")), "{listing:?}");
+    }
+}
+
+/// What one writer saw: per key, the value last acknowledged and the values whose outcome is
+/// unknown (sent after it, answered with an error or not at all), and every version it was
+/// given.
+#[derive(Default)]
+struct Seen {
+    acked: HashMap<String, String>,
+    unknown: HashMap<String, Vec<String>>,
+    versions: Vec<String>,
+    acked_after_kill: usize,
+}
+
+async fn writer(port: u16, w: usize, stop: Arc<AtomicBool>, killed: Arc<AtomicBool>) -> Seen {
+    let mut seen = Seen::default();
+    let mut c = Client::connect(&format!("w{w}"), port).await;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("w{w}-k{}", i % 4);
+        let value = format!("w{w}-i{i}");
+        let after_kill = killed.load(Ordering::Relaxed);
+        match c
+            .try_call(&[b"SET", key.as_bytes(), value.as_bytes()])
+            .await
+        {
+            Some(a) if a.payload[..] == b"+OK\r\n"[..] => {
+                seen.versions
+                    .push(a.user("__ts").expect("a version").to_owned());
+                seen.unknown.remove(&key);
+                seen.acked.insert(key, value);
+                if after_kill {
+                    seen.acked_after_kill += 1;
+                }
+            }
+            Some(a) => {
+                assert_eq!(
+                    a.user("__stat"),
+                    Some("503"),
+                    "unexpected answer {:?}",
+                    text(&a.payload)
+                );
+                seen.unknown.entry(key).or_default().push(value);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None => {
+                seen.unknown.entry(key).or_default().push(value);
+                c = Client::connect(&format!("w{w}-again{i}"), port).await;
+            }
+        }
+        i += 1;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_under_load_loses_no_acknowledged_write() {
+    let mut cluster = TestCluster::start("kill", 3, &[]);
+    let leader = cluster.wait_for_leader(1, Duration::from_secs(15));
+    let followers: Vec<u16> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.id != leader)
+        .map(|n| n.mqtt_port)
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let killed = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..16)
+        .map(|w| tokio::spawn(writer(followers[w % 2], w, stop.clone(), killed.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let kill_at = Instant::now();
+    cluster.kill9(leader);
+    killed.store(true, Ordering::Relaxed);
+    let survivor = cluster
+        .nodes
+        .iter()
+        .find(|n| n.id != leader)
+        .expect("a survivor")
+        .id;
+    let new_leader = cluster.wait_for_leader(survivor, Duration::from_secs(20));
+    eprintln!(
+        "new leader {new_leader} reported {:?} after the kill",
+        kill_at.elapsed()
+    );
+    assert_ne!(new_leader, leader);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = Vec::new();
+    for w in writers {
+        seen.push(w.await.expect("writer"));
+    }
+    let acked: usize = seen.iter().map(|s| s.versions.len()).sum();
+    let after: usize = seen.iter().map(|s| s.acked_after_kill).sum();
+    eprintln!("{acked} writes acknowledged, {after} of them after the kill");
+    assert!(after > 0, "the survivors went on serving writes");
+
+    // No version was handed out twice, and each writer's versions only grow.
+    let mut all = HashSet::new();
+    for s in &seen {
+        for pair in s.versions.windows(2) {
+            assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+        }
+        for v in &s.versions {
+            assert!(all.insert(v.clone()), "version {v} handed out twice");
+        }
+    }
+
+    // The killed node comes back and catches up; every node holds every acknowledged write.
+    cluster.restart(leader);
+    for node in &cluster.nodes {
+        let mut r = Client::connect(&format!("verify-{}", node.id), node.mqtt_port).await;
+        for s in &seen {
+            for (key, value) in &s.acked {
+                let a = r.call(&[b"GET", key.as_bytes()]).await;
+                let got = bulk(&a.payload);
+                let later = s.unknown.get(key).cloned().unwrap_or_default();
+                assert!(
+                    got.as_deref() == Some(value.as_str()) || got.as_ref().is_some_and(|g| later.contains(g)),
+                    "node {}: {key} holds {got:?}, acknowledged {value}, unknown after it {later:?}",
+                    node.id
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_quorum_refuses_promptly_and_recovers() {
+    let mut cluster = TestCluster::start("quorum", 3, &["--quorum-wait-ms", "1000"]);
+    cluster.wait_for_leader(1, Duration::from_secs(15));
+    let mut c = Client::connect("before", cluster.port(1)).await;
+    assert_eq!(
+        text(&c.call(&[b"SET", b"k", b"before"]).await.payload),
+        "+OK\r\n"
+    );
+    cluster.kill9(2);
+    cluster.kill9(3);
+    // Alone, node 1 answers within the client's timeout, with the documented status.
+    let mut c = Client::connect("alone", cluster.port(1)).await;
+    let a = c.call(&[b"SET", b"k", b"alone"]).await;
+    assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
+    assert!(
+        a.user("__stMsg").is_some_and(|m| m.contains("unavailable")),
+        "{:?}",
+        a.user("__stMsg")
+    );
+    let a = c.call(&[b"GET", b"k"]).await;
+    assert_eq!(
+        a.user("__stat"),
+        Some("503"),
+        "a read without a quorum is refused too"
+    );
+    // One node back is a quorum again: node 1 serves without a restart.
+    cluster.restart(2);
+    let start = Instant::now();
+    loop {
+        let a = c.call(&[b"SET", b"k", b"after"]).await;
+        if a.payload[..] == b"+OK\r\n"[..] {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no service after the quorum came back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let a = c.call(&[b"GET", b"k"]).await;
+    assert_eq!(bulk(&a.payload).as_deref(), Some("after"));
+}
+
+fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "mqkv failed: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn voters(cluster: &TestCluster, via: u64) -> Vec<u64> {
+    let status = cluster.status(via).expect("status");
+    let mut ids: Vec<u64> = status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["voter"] == true)
+        .filter_map(|n| n["id"].as_u64())
+        .collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_grows_from_one_node_to_three_and_shrinks_back() {
+    let mut cluster = TestCluster::start_single("grow", &[]);
+    cluster.wait_for_leader(1, Duration::from_secs(15));
+    let p1 = cluster.port(1).to_string();
+    let mut c = Client::connect("grower", cluster.port(1)).await;
+    for i in 0..50 {
+        let key = format!("g{i}");
+        assert_eq!(
+            text(&c.call(&[b"SET", key.as_bytes(), b"v"]).await.payload),
+            "+OK\r\n"
+        );
+    }
+    for id in [2u64, 3] {
+        let addr = cluster.add_joining(id, &[], true).cluster_addr();
+        // Node 3 is added through node 2, which passes the request to the leader.
+        let via = if id == 3 {
+            cluster.port(2).to_string()
+        } else {
+            p1.clone()
+        };
+        let out = ok(cli(&[
+            "cluster",
+            "add-node",
+            &format!("{id}={addr}"),
+            "--port",
+            &via,
+            "--timeout",
+            "60000",
+        ]));
+        assert!(out.contains("added"), "{out}");
+    }
+    assert_eq!(voters(&cluster, 1), vec![1, 2, 3]);
+    // The new node holds what was written before it joined, and serves writes.
+    let mut c3 = Client::connect("on-three", cluster.port(3)).await;
+    let a = c3.call(&[b"GET", b"g49"]).await;
+    assert_eq!(bulk(&a.payload).as_deref(), Some("v"));
+    assert_eq!(
+        text(&c3.call(&[b"SET", b"from-three", b"x"]).await.payload),
+        "+OK\r\n"
+    );
+
+    ok(cli(&["cluster", "remove-node", "3", "--port", &p1]));
+    assert_eq!(voters(&cluster, 1), vec![1, 2]);
+    ok(cli(&["cluster", "remove-node", "2", "--port", &p1]));
+    assert_eq!(voters(&cluster, 1), vec![1]);
+    cluster.kill9(2);
+    cluster.kill9(3);
+    // Alone again, node 1 is its own quorum.
+    let mut c = Client::connect("shrunk", cluster.port(1)).await;
+    assert_eq!(
+        text(&c.call(&[b"SET", b"after-shrink", b"y"]).await.payload),
+        "+OK\r\n"
+    );
+    let a = c.call(&[b"GET", b"from-three"]).await;
+    assert_eq!(bulk(&a.payload).as_deref(), Some("x"));
+    // Refusals: a node that is already a voter; a loopback-only command from the status path.
+    let out = cli(&["cluster", "add-node", "1=127.0.0.1:1", "--port", &p1]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_the_wrong_secret_is_kept_out() {
+    let mut cluster = TestCluster::start("secret", 3, &["--cluster-secret", "right"]);
+    // Node 3 restarts with another secret: the other two keep their quorum without it.
+    cluster.kill9(3);
+    cluster.nodes[2].extra = vec!["--cluster-secret".into(), "wrong".into()];
+    let _ = std::fs::remove_dir_all(&cluster.nodes[2].dir);
+    cluster.restart(3);
+    cluster.wait_for_leader(1, Duration::from_secs(15));
+    let mut c = Client::connect("secret-writer", cluster.port(1)).await;
+    assert_eq!(
+        text(&c.call(&[b"SET", b"k", b"v"]).await.payload),
+        "+OK\r\n"
+    );
+    let status = cluster.status(1).expect("status");
+    let three = status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["id"] == 3)
+        .cloned()
+        .expect("node 3 listed");
+    assert!(
+        three["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("secret")),
+        "{three}"
+    );
+    // Node 3 never received the write: it has no leader, so it refuses rather than answer.
+    let mut c3 = Client::connect("outsider", cluster.port(3)).await;
+    let a = c3.call(&[b"GET", b"k"]).await;
+    assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
+}
