@@ -4,6 +4,8 @@
 #   interop/aio-stable  -> 1.3.0        (latest stable)
 #   interop/aio-beta    -> 1.5.0-beta1  (newest beta; adds SCAN / list_keys)
 # Both crates run the shared tests in interop/common/tests; aio-beta adds tests/scan.rs.
+# Every suite runs three times: against a single node, and against the leader and a follower
+# of a three-node cluster.
 # They are separate crates with their own lock files because cargo cannot hold two
 # semver-compatible versions of one crate in a single lock file.
 #
@@ -44,14 +46,19 @@ cp -f "$MQKV_BIN" "$snapshot.tmp" && mv -f "$snapshot.tmp" "$snapshot" \
 echo "== server under test: $MQKV_BIN (copied to $snapshot)"
 export MQKV_BIN="$snapshot"
 
+# Each suite runs against a single node, then against the leader and against a follower of a
+# three-node cluster (MQKV_INTEROP_CLUSTER, read by the harness in interop/common/support).
 failed=()
 for crate in aio-stable aio-beta; do
   manifest="interop/$crate/Cargo.toml"
-  echo "== $crate: cargo test --tests --manifest-path $manifest"
-  # --locked: the committed Cargo.lock files pin the SDK and every transitive dependency.
-  if ! cargo test --locked --tests --manifest-path "$manifest" --no-fail-fast -- "${test_args[@]}"; then
-    failed+=("$crate")
-  fi
+  for target in "" leader follower; do
+    echo "== $crate${target:+ (cluster $target)}: cargo test --tests --manifest-path $manifest"
+    # --locked: the committed Cargo.lock files pin the SDK and every transitive dependency.
+    if ! MQKV_INTEROP_CLUSTER="$target" cargo test --locked --tests --manifest-path "$manifest" \
+      --no-fail-fast -- "${test_args[@]}"; then
+      failed+=("$crate${target:+ (cluster $target)}")
+    fi
+  done
 done
 
 if [ "${#failed[@]}" -ne 0 ]; then

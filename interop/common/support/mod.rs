@@ -44,16 +44,26 @@ pub fn mqkv_bin() -> PathBuf {
     }
 }
 
-/// A running `mqkv serve` process on a free loopback port. Killed on drop.
+/// A running `mqkv serve` process on a free loopback port, or, with `MQKV_INTEROP_CLUSTER` set
+/// to `leader` or `follower`, a three-node cluster whose leader's or a follower's MQTT port is
+/// [`Server::port`]. Killed on drop.
 pub struct Server {
-    child: Child,
+    children: Vec<Child>,
     pub port: u16,
     pub log_path: PathBuf,
     work_dir: PathBuf,
 }
 
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
 impl Server {
-    /// Starts the server and waits for its `listening on 127.0.0.1:PORT` line.
+    /// Starts the server (or cluster) and waits for its `listening on 127.0.0.1:PORT` line.
     /// `name` only names the server's log file (stderr) under the cargo target tmp dir.
     pub fn start(name: &str) -> Server {
         // Resolve a relative MQKV_BIN against the crate dir (cargo's cwd for tests) before the
@@ -64,7 +74,6 @@ impl Server {
         let log_dir = tmp.join("mqkv-interop-logs");
         std::fs::create_dir_all(&log_dir).expect("create log dir");
         let log_path = log_dir.join(format!("{name}.log"));
-        let log = File::create(&log_path).expect("create server log file");
         // A fresh working directory per server, so whatever it keeps on disk by default
         // (data directory) is never shared between the tests running in parallel.
         let work_dir = tmp
@@ -72,67 +81,145 @@ impl Server {
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&work_dir);
         std::fs::create_dir_all(&work_dir).expect("create server work dir");
-
-        // Connection events (accepted, connected, refused, closed and why) go to the log too,
-        // so a client that cannot connect leaves a trace of what the server saw.
-        let log_filter = std::env::var("RUST_LOG")
-            .unwrap_or_else(|_| "info,openraft=warn,mqkv_broker=debug".to_owned());
-        let mut child = Command::new(&bin)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .current_dir(&work_dir)
-            .env_remove("MQKV_CONFIG")
-            .env("RUST_LOG", log_filter)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-
-        // Read the first stdout line on a thread so a silent server cannot hang the test, then
-        // keep draining stdout so the server can never block on a full pipe.
-        let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut first = String::new();
-            let _ = reader.read_line(&mut first);
-            let _ = tx.send(first);
-            let mut sink = [0u8; 4096];
-            while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
-        });
-        let line = rx.recv_timeout(Duration::from_secs(20)).ok();
-        let port = line
-            .as_deref()
-            .map(str::trim)
-            .and_then(|l| l.strip_prefix("listening on "))
-            .and_then(|addr| addr.rsplit(':').next())
-            .and_then(|p| p.parse::<u16>().ok());
-        let Some(port) = port else {
-            let _ = child.kill();
-            let status = child.wait();
-            let log = std::fs::read(&log_path).unwrap_or_default();
-            let tail = String::from_utf8_lossy(&log[log.len().saturating_sub(2000)..]);
-            panic!(
-                "{} did not print `listening on 127.0.0.1:PORT` within 20 s (first line: {line:?}, \
-                 status {status:?}); stderr tail:\n{tail}",
-                bin.display()
-            );
+        let role = std::env::var("MQKV_INTEROP_CLUSTER").ok().filter(|r| !r.is_empty());
+        let Some(role) = role else {
+            let (child, port) = spawn(&bin, &["serve", "--listen", "127.0.0.1:0"], &work_dir, &log_path);
+            return Server {
+                children: vec![child],
+                port,
+                log_path,
+                work_dir,
+            };
         };
+        assert!(
+            role == "leader" || role == "follower",
+            "MQKV_INTEROP_CLUSTER is leader or follower, not {role:?}"
+        );
+        let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let peers: Vec<String> = cluster_ports
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| ["--peer".to_owned(), format!("{}=127.0.0.1:{p}", i + 1)])
+            .collect();
+        let mut children = Vec::new();
+        let mut ports = Vec::new();
+        for (i, cluster_port) in cluster_ports.iter().enumerate() {
+            let id = (i + 1).to_string();
+            let listen = format!("127.0.0.1:{cluster_port}");
+            let data = format!("n{id}");
+            let mut args = vec![
+                "serve", "--listen", "127.0.0.1:0", "--node-id", &id, "--cluster-listen", &listen,
+                "--data-dir", &data,
+            ];
+            args.extend(peers.iter().map(String::as_str));
+            let log = log_path.with_extension(format!("node{id}.log"));
+            let (child, port) = spawn(&bin, &args, &work_dir, &log);
+            children.push(child);
+            ports.push(port);
+        }
+        let leader = wait_for_settled_leader(&bin, ports[0]);
+        // Node ids are 1..=3; a follower is the node after the leader.
+        let index = if role == "leader" { leader - 1 } else { leader % 3 };
         Server {
-            child,
-            port,
+            children,
+            port: ports[index],
             log_path,
             work_dir,
         }
     }
 }
 
+/// Starts `bin` with `args` in `dir`, standard error to `log`; returns it with the port of its
+/// first listener.
+fn spawn(bin: &PathBuf, args: &[&str], dir: &PathBuf, log: &PathBuf) -> (Child, u16) {
+    let log_file = File::create(log).expect("create server log file");
+    // Connection events (accepted, connected, refused, closed and why) go to the log too,
+    // so a client that cannot connect leaves a trace of what the server saw.
+    let log_filter = std::env::var("RUST_LOG")
+        .unwrap_or_else(|_| "info,openraft=warn,mqkv_broker=debug".to_owned());
+    let mut child = Command::new(bin)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("MQKV_CONFIG")
+        .env("RUST_LOG", log_filter)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log_file))
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+
+    // Read the first stdout line on a thread so a silent server cannot hang the test, then
+    // keep draining stdout so the server can never block on a full pipe.
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut first = String::new();
+        let _ = reader.read_line(&mut first);
+        let _ = tx.send(first);
+        let mut sink = [0u8; 4096];
+        while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
+    });
+    let line = rx.recv_timeout(Duration::from_secs(20)).ok();
+    let port = line
+        .as_deref()
+        .map(str::trim)
+        .and_then(|l| l.strip_prefix("listening on "))
+        .and_then(|addr| addr.rsplit(':').next())
+        .and_then(|p| p.parse::<u16>().ok());
+    let Some(port) = port else {
+        let _ = child.kill();
+        let status = child.wait();
+        let bytes = std::fs::read(log).unwrap_or_default();
+        let tail = String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(2000)..]);
+        panic!(
+            "{} did not print `listening on 127.0.0.1:PORT` within 20 s (first line: {line:?}, \
+             status {status:?}); stderr tail:\n{tail}",
+            bin.display()
+        );
+    };
+    (child, port)
+}
+
+/// Asks node `port` for the cluster's status until it names a leader and every node follows it
+/// (`mqkv cluster status --json`); returns the leader's id.
+fn wait_for_settled_leader(bin: &PathBuf, port: u16) -> usize {
+    let start = Instant::now();
+    loop {
+        let out = Command::new(bin)
+            .args(["cluster", "status", "--json", "--port", &port.to_string()])
+            .output()
+            .expect("run mqkv cluster status");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let leader = text
+            .split("\"leader\":")
+            .nth(1)
+            .and_then(|rest| rest.split([',', '}']).next())
+            .and_then(|n| n.trim().parse::<usize>().ok());
+        let settled = text.matches("\"role\":\"leader\"").count() == 1
+            && text.matches("\"role\":\"follower\"").count() == 2;
+        if let (Some(leader), true, true) = (leader, settled, out.status.success()) {
+            return leader;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the cluster did not settle within 20 s: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         // A server that is gone before we kill it crashed or quit during the test.
-        let exited_early = self.child.try_wait().ok().flatten();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mut exited_early = None;
+        for child in &mut self.children {
+            if let Some(status) = child.try_wait().ok().flatten() {
+                exited_early = Some(status);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.work_dir);
         if std::thread::panicking() {
             eprintln!("mqkv server log: {}", self.log_path.display());
