@@ -328,11 +328,7 @@ async fn serve_link(
     let (answers, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
     let writing = tokio::spawn(async move {
         while let Some(frame) = queue.recv().await {
-            writer.write(&frame).await?;
-            while let Ok(frame) = queue.try_recv() {
-                writer.write(&frame).await?;
-            }
-            writer.flush().await?;
+            writer.write_batch(frame, &mut queue).await?;
         }
         Ok::<_, wire::LinkError>(())
     });

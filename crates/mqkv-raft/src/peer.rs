@@ -166,15 +166,7 @@ async fn write_loop(
             _ = &mut reader_ended => None,
         };
         let Some(frame) = frame else { return };
-        if writer.write(&frame).await.is_err() {
-            return;
-        }
-        while let Ok(frame) = queue.try_recv() {
-            if writer.write(&frame).await.is_err() {
-                return;
-            }
-        }
-        if writer.flush().await.is_err() {
+        if writer.write_batch(frame, &mut queue).await.is_err() {
             return;
         }
     }

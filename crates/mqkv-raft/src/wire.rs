@@ -320,6 +320,19 @@ impl FrameWriter {
         self.inner.flush().await?;
         Ok(())
     }
+
+    /// Writes `first` and whatever else `queue` holds now, then sends them all.
+    pub(crate) async fn write_batch(
+        &mut self,
+        first: Vec<u8>,
+        queue: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    ) -> Result<(), LinkError> {
+        self.write(&first).await?;
+        while let Ok(frame) = queue.try_recv() {
+            self.write(&frame).await?;
+        }
+        self.flush().await
+    }
 }
 
 #[cfg(test)]
