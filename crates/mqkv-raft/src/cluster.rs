@@ -338,6 +338,10 @@ async fn serve_link(
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
+        if cluster.peers.is_blocked(node) {
+            // Fault injection: dropped, as a cut network would.
+            continue;
+        }
         let (id, request) = match rpc::decode::<Request>(&frame) {
             Ok(Envelope { id, body }) => (id, Ok(body)),
             Err(e) => (0, Err(e.to_string())),

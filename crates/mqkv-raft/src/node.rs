@@ -273,6 +273,16 @@ impl StoreNode {
         }
     }
 
+    /// Fault injection for tests: from now on this node acts as if the
+    /// network dropped every message between it and `nodes` (both ways, as
+    /// far as this node sends and answers); an empty list heals. Does
+    /// nothing without peers.
+    pub fn isolate_from(&self, nodes: impl IntoIterator<Item = NodeId>) {
+        if let Some(cluster) = &self.inner.cluster {
+            cluster.peers.set_blocked(nodes.into_iter().collect());
+        }
+    }
+
     /// Where clients reach this node, as `cluster status` reports it.
     pub fn set_client_addrs(&self, addrs: Vec<String>) {
         if let Some(cluster) = &self.inner.cluster {
@@ -376,10 +386,12 @@ async fn open(
     if options.cluster.is_some() {
         // Heartbeats and elections paced for nodes that share busy CPUs and
         // sync a disk: a leader that is merely slow for a moment is not
-        // deposed, one that died is replaced within about a second.
-        raft_config.heartbeat_interval = 100;
-        raft_config.election_timeout_min = 500;
-        raft_config.election_timeout_max = 1000;
+        // deposed, one that died is replaced within one to two seconds.
+        // openraft also gives every append-entries call (a follower's write
+        // and sync included) one heartbeat interval to answer.
+        raft_config.heartbeat_interval = 200;
+        raft_config.election_timeout_min = 800;
+        raft_config.election_timeout_max = 1600;
         // Log entries are batches of up to a few MiB each; a bounded number
         // per message keeps every message far below the links' frame limit.
         raft_config.max_payload_entries = 64;

@@ -8,7 +8,7 @@
 //!   waiting on it at once, and the next call opens a new one);
 //! - answers are matched to calls by number, never by order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +36,9 @@ pub(crate) enum CallError {
 
 type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
 
+/// The peers this node acts as if cut off from (fault injection for tests).
+type Blocked = Arc<Mutex<HashSet<NodeId>>>;
+
 /// An open link: requests go to its writer task, answers come back through
 /// `waiting`.
 struct Link {
@@ -60,10 +63,11 @@ pub(crate) struct Peer {
     secret: Arc<[u8]>,
     next_id: AtomicU64,
     link: tokio::sync::Mutex<Option<Arc<Link>>>,
+    blocked: Blocked,
 }
 
 impl Peer {
-    fn new(node: NodeId, addr: String, me: NodeId, secret: Arc<[u8]>) -> Peer {
+    fn new(node: NodeId, addr: String, me: NodeId, secret: Arc<[u8]>, blocked: Blocked) -> Peer {
         Peer {
             node,
             addr,
@@ -71,6 +75,7 @@ impl Peer {
             secret,
             next_id: AtomicU64::new(1),
             link: tokio::sync::Mutex::new(None),
+            blocked,
         }
     }
 
@@ -90,6 +95,11 @@ impl Peer {
         timeout: Duration,
     ) -> Result<Response, CallError> {
         let node = self.node;
+        if sync::lock(&self.blocked).contains(&node) {
+            // As a network that drops every packet: no answer, ever.
+            tokio::time::sleep(timeout).await;
+            return Err(CallError::Timeout { node, timeout });
+        }
         tokio::time::timeout(timeout, self.call_inner(request))
             .await
             .unwrap_or(Err(CallError::Timeout { node, timeout }))
@@ -211,6 +221,7 @@ pub(crate) struct Peers {
     me: NodeId,
     secret: Arc<[u8]>,
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
+    blocked: Blocked,
 }
 
 impl Peers {
@@ -219,7 +230,18 @@ impl Peers {
             me,
             secret,
             peers: Mutex::default(),
+            blocked: Blocked::default(),
         }
+    }
+
+    /// Acts as if the network dropped everything between this node and
+    /// `nodes` (and nothing else), until called again. For fault injection.
+    pub(crate) fn set_blocked(&self, nodes: HashSet<NodeId>) {
+        *sync::lock(&self.blocked) = nodes;
+    }
+
+    pub(crate) fn is_blocked(&self, node: NodeId) -> bool {
+        sync::lock(&self.blocked).contains(&node)
     }
 
     pub(crate) fn me(&self) -> NodeId {
@@ -240,6 +262,7 @@ impl Peers {
                     addr.to_owned(),
                     self.me,
                     self.secret.clone(),
+                    self.blocked.clone(),
                 ));
                 peers.insert(node, peer.clone());
                 peer

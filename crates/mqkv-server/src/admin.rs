@@ -8,6 +8,7 @@
 //! {"command": "status"}
 //! {"command": "add-node", "id": 4, "addr": "127.0.0.1:7004"}
 //! {"command": "remove-node", "id": 4}
+//! {"command": "isolate", "from": [2, 3]}   (only with fault injection on; [] heals)
 //! ```
 //!
 //! The answer is one JSON object: `{"ok": true, "status": {...}}` for a status (see
@@ -33,16 +34,25 @@ enum AdminRequest {
     Status,
     AddNode { id: u64, addr: String },
     RemoveNode { id: u64 },
+    Isolate { from: Vec<u64> },
 }
 
 /// Serves [`ADMIN_TOPIC`].
 pub struct AdminService {
     node: StoreNode,
+    fault_injection: bool,
 }
 
 impl AdminService {
-    pub fn start(broker: &Broker, node: StoreNode) {
-        broker.claim(&[ADMIN_TOPIC], Arc::new(AdminService { node }));
+    /// `fault_injection` enables the `isolate` command.
+    pub fn start(broker: &Broker, node: StoreNode, fault_injection: bool) {
+        broker.claim(
+            &[ADMIN_TOPIC],
+            Arc::new(AdminService {
+                node,
+                fault_injection,
+            }),
+        );
     }
 }
 
@@ -73,14 +83,30 @@ impl Service for AdminService {
         };
         let trusted = p.from.peer.ip().is_loopback();
         let node = self.node.clone();
+        let fault_injection = self.fault_injection;
         Handled::Running(Box::pin(async move {
             let body = match request {
                 AdminRequest::Status => match node.cluster_status().await {
                     Some(status) => json!({ "ok": true, "status": status }),
                     None => refused("this node is not part of a cluster".into()),
                 },
-                AdminRequest::AddNode { .. } | AdminRequest::RemoveNode { .. } if !trusted => {
+                AdminRequest::AddNode { .. }
+                | AdminRequest::RemoveNode { .. }
+                | AdminRequest::Isolate { .. }
+                    if !trusted =>
+                {
                     refused("membership changes are taken only from loopback clients".into())
+                }
+                AdminRequest::Isolate { .. } if !fault_injection => {
+                    refused("fault injection is off on this node (--fault-injection)".into())
+                }
+                AdminRequest::Isolate { from } => {
+                    tracing::warn!(
+                        ?from,
+                        "fault injection: acting as if cut off from these nodes"
+                    );
+                    node.isolate_from(from);
+                    json!({ "ok": true })
                 }
                 AdminRequest::AddNode { id, addr } => match node.add_node(id, addr).await {
                     Ok(()) => json!({ "ok": true }),

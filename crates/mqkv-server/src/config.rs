@@ -90,6 +90,10 @@ pub struct ClusterConfig {
     /// is answered with status 503, in milliseconds.
     #[serde(default = "default_quorum_wait_ms")]
     pub quorum_wait_ms: u64,
+    /// Accept `mqkv cluster isolate` (from loopback clients): the node then acts as if the
+    /// network between it and the named nodes were cut. For testing; off by default.
+    #[serde(default)]
+    pub fault_injection: bool,
 }
 
 fn default_quorum_wait_ms() -> u64 {
@@ -396,6 +400,7 @@ mod tests {
             secret: None,
             secret_file: None,
             quorum_wait_ms: 3000,
+            fault_injection: false,
         };
         assert!(
             base.options().is_ok(),

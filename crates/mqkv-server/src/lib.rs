@@ -138,7 +138,8 @@ impl Server {
             }
         }
         statestore::StateStoreService::start(&broker, node.clone(), notifier);
-        admin::AdminService::start(&broker, node.clone());
+        let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
+        admin::AdminService::start(&broker, node.clone(), fault_injection);
         let mut listeners = Vec::new();
         for addr in &config.listen {
             match broker.listen(*addr).await {

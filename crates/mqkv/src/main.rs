@@ -138,6 +138,10 @@ struct ServeArgs {
     /// answered with status 503 (default 3000).
     #[arg(long, value_name = "MS", help_heading = "Cluster")]
     quorum_wait_ms: Option<u64>,
+    /// Cluster: accept `mqkv cluster isolate` from loopback clients, which makes this node act
+    /// as if cut off from the nodes it names. For testing.
+    #[arg(long, help_heading = "Cluster")]
+    fault_injection: bool,
 }
 
 fn parse_peer(s: &str) -> Result<(u64, String), String> {
@@ -249,7 +253,8 @@ impl ServeArgs {
             || self.join
             || self.cluster_secret.is_some()
             || self.cluster_secret_file.is_some()
-            || self.quorum_wait_ms.is_some();
+            || self.quorum_wait_ms.is_some()
+            || self.fault_injection;
         if cluster_flags {
             let mut cluster = match c.cluster.take() {
                 Some(cluster) => cluster,
@@ -266,6 +271,7 @@ impl ServeArgs {
                         secret: None,
                         secret_file: None,
                         quorum_wait_ms: 3_000,
+                        fault_injection: false,
                     }
                 }
             };
@@ -298,6 +304,9 @@ impl ServeArgs {
             }
             if let Some(v) = self.quorum_wait_ms {
                 cluster.quorum_wait_ms = v;
+            }
+            if self.fault_injection {
+                cluster.fault_injection = true;
             }
             c.cluster = Some(cluster);
         }

@@ -423,3 +423,95 @@ async fn a_node_with_the_wrong_secret_is_kept_out() {
     let a = c3.call(&[b"GET", b"k"]).await;
     assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
 }
+
+/// `mqkv cluster isolate` against node `on`: it acts as if cut off from `from`.
+fn isolate(cluster: &TestCluster, on: u64, from: &[u64]) {
+    let port = cluster.port(on).to_string();
+    let mut args = vec!["cluster", "isolate", "--port", &port];
+    let ids: Vec<String> = from.iter().map(u64::to_string).collect();
+    args.extend(ids.iter().map(String::as_str));
+    ok(cli(&args));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_refuses_promptly_and_catches_up_after_healing() {
+    let cluster = TestCluster::start(
+        "partition",
+        3,
+        &["--fault-injection", "--quorum-wait-ms", "1000"],
+    );
+    let old = cluster.wait_for_leader(1, Duration::from_secs(15));
+    let others: Vec<u64> = (1..=3).filter(|id| *id != old).collect();
+    let mut c = Client::connect("before-cut", cluster.port(old)).await;
+    assert_eq!(
+        text(&c.call(&[b"SET", b"k", b"before"]).await.payload),
+        "+OK\r\n"
+    );
+
+    // Cut the leader off from the other two, both ways.
+    isolate(&cluster, old, &others);
+    for id in &others {
+        isolate(&cluster, *id, &[old]);
+    }
+    // The majority elects a leader of its own and serves.
+    let start = Instant::now();
+    let mut majority = Client::connect("majority", cluster.port(others[0])).await;
+    loop {
+        let a = majority.call(&[b"SET", b"k", b"during"]).await;
+        if a.payload[..] == b"+OK\r\n"[..] {
+            break;
+        }
+        assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the majority did not take over"
+        );
+    }
+    eprintln!(
+        "the majority served writes {:?} after the cut",
+        start.elapsed()
+    );
+    let mut other = Client::connect("majority-2", cluster.port(others[1])).await;
+    assert_eq!(
+        bulk(&other.call(&[b"GET", b"k"]).await.payload).as_deref(),
+        Some("during")
+    );
+
+    // The old leader, alone, neither writes nor serves a stale read.
+    let mut cut = Client::connect("cut-off", cluster.port(old)).await;
+    let a = cut.call(&[b"SET", b"k", b"lost"]).await;
+    assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
+    let a = cut.call(&[b"GET", b"k"]).await;
+    assert_eq!(
+        a.user("__stat"),
+        Some("503"),
+        "a stale read was served: {:?}",
+        text(&a.payload)
+    );
+
+    // Healed, it catches up and reads what the majority wrote.
+    for id in 1..=3 {
+        isolate(&cluster, id, &[]);
+    }
+    let start = Instant::now();
+    loop {
+        let a = cut.call(&[b"GET", b"k"]).await;
+        if a.user("__stat") == Some("200") {
+            assert_eq!(bulk(&a.payload).as_deref(), Some("during"));
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no service after healing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The write refused during the cut never took effect anywhere.
+    for id in 1..=3 {
+        let mut r = Client::connect(&format!("after-heal-{id}"), cluster.port(id)).await;
+        assert_eq!(
+            bulk(&r.call(&[b"GET", b"k"]).await.payload).as_deref(),
+            Some("during")
+        );
+    }
+}

@@ -25,6 +25,17 @@ pub enum ClusterCommand {
     AddNode(AddNodeArgs),
     /// Remove node ID from the group.
     RemoveNode(RemoveNodeArgs),
+    /// Make the connected node act as if cut off from the given nodes (none: heal). Needs a
+    /// node started with --fault-injection; for testing.
+    Isolate(IsolateArgs),
+}
+
+#[derive(Args)]
+pub struct IsolateArgs {
+    /// Ids of the nodes to be cut off from.
+    from: Vec<u64>,
+    #[command(flatten)]
+    conn: ConnectionArgs,
 }
 
 #[derive(Args)]
@@ -79,6 +90,14 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<i32> {
             )
             .await?;
             println!("node {id} added");
+            Ok(EXIT_OK)
+        }
+        ClusterCommand::Isolate(args) => {
+            ask(
+                &args.conn,
+                json!({ "command": "isolate", "from": args.from }),
+            )
+            .await?;
             Ok(EXIT_OK)
         }
         ClusterCommand::RemoveNode(args) => {
