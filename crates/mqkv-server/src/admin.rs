@@ -144,6 +144,10 @@ mod tests {
             serde_json::from_str::<AdminRequest>(r#"{"command":"remove-node","id":2}"#),
             Ok(AdminRequest::RemoveNode { id: 2 })
         ));
+        assert!(matches!(
+            serde_json::from_str::<AdminRequest>(r#"{"command":"isolate","from":[1,3]}"#),
+            Ok(AdminRequest::Isolate { from }) if from == [1, 3]
+        ));
         for bad in [
             r#"{"command":"reboot"}"#,
             r#"{"command":"add-node"}"#,
