@@ -1,9 +1,13 @@
 //! The state store as a cluster of real `mqkv serve` processes on loopback: forming the group,
 //! writes and linearizable reads through every node, notifications across nodes, a leader
 //! killed with SIGKILL under 16 writers, a node left without a quorum, growing from one node to
-//! three and back, and a node with the wrong secret kept out.
+//! three and back, a node with the wrong secret kept out, an isolated leader, and a recorded
+//! history of concurrent operations through every node, with a partition and a leader killed
+//! in the middle, checked for linearizability key by key.
 
 mod common;
+#[path = "common/linearizability.rs"]
+mod linearizability;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -512,6 +516,154 @@ async fn an_isolated_leader_refuses_promptly_and_catches_up_after_healing() {
         assert_eq!(
             bulk(&r.call(&[b"GET", b"k"]).await.payload).as_deref(),
             Some("during")
+        );
+    }
+}
+
+/// Connects to the first node of `ports`, starting at `from`, that accepts.
+async fn connect_any(name: &str, ports: &[u16], from: usize) -> (Client, usize) {
+    for attempt in 0..(ports.len() * 20) {
+        let index = (from + attempt) % ports.len();
+        let id = format!("{name}-{attempt}");
+        // A node that is down makes the connect panic inside its task.
+        if let Ok(client) = tokio::spawn(Client::connect_owned(id, ports[index])).await {
+            return (client, index);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no node accepted {name}");
+}
+
+/// One client's operations on three keys through the nodes, each with when it was sent and
+/// when (if ever) it was answered.
+async fn record(
+    w: usize,
+    ports: Vec<u16>,
+    epoch: Instant,
+    stop: Arc<AtomicBool>,
+) -> Vec<(String, linearizability::Op)> {
+    use linearizability::{Kind, Op};
+    use rand::Rng;
+    let mut history = Vec::new();
+    let (mut client, mut at) = connect_any(&format!("h{w}"), &ports, w).await;
+    let mut i = 0usize;
+    let mut last_seen: HashMap<String, String> = HashMap::new();
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("lin-{}", rand::thread_rng().gen_range(0..3));
+        let roll = rand::thread_rng().gen_range(0..100);
+        let value = format!("w{w}-{i}");
+        let guess = last_seen
+            .get(&key)
+            .cloned()
+            .unwrap_or_else(|| value.clone());
+        let args: Vec<Vec<u8>> = match roll {
+            0..35 => vec![b"SET".to_vec(), key.clone().into(), value.clone().into()],
+            35..70 => vec![b"GET".to_vec(), key.clone().into()],
+            70..80 => vec![b"DEL".to_vec(), key.clone().into()],
+            _ => vec![b"VDEL".to_vec(), key.clone().into(), guess.clone().into()],
+        };
+        let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+        let call = epoch.elapsed().as_nanos() as u64;
+        let answer = client.try_call(&refs).await;
+        let ret = epoch.elapsed().as_nanos() as u64;
+        let known = answer.as_ref().filter(|a| a.user("__stat") == Some("200"));
+        let int = |a: &common::store::Answer| {
+            text(&a.payload)
+                .trim_start_matches(':')
+                .trim_end()
+                .parse::<i64>()
+                .unwrap_or_else(|_| panic!("an integer answer: {:?}", text(&a.payload)))
+        };
+        let kind = match (roll, known) {
+            (0..35, Some(a)) => {
+                assert_eq!(text(&a.payload), "+OK\r\n");
+                Some(Kind::Set(value.clone()))
+            }
+            (0..35, None) => Some(Kind::Set(value.clone())),
+            (35..70, Some(a)) => {
+                let got = bulk(&a.payload);
+                if let Some(v) = &got {
+                    last_seen.insert(key.clone(), v.clone());
+                }
+                Some(Kind::Get(got))
+            }
+            (35..70, None) => None,
+            (70..80, a) => Some(Kind::Del(a.map(int))),
+            (_, a) => Some(Kind::VDel(guess, a.map(int))),
+        };
+        if let Some(kind) = kind {
+            let ret = known.map(|_| ret);
+            history.push((key, Op { call, ret, kind }));
+        }
+        if answer.is_none() {
+            (client, at) = connect_any(&format!("h{w}-{i}"), &ports, at + 1).await;
+        }
+        i += 1;
+    }
+    history
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_through_every_node_with_faults_is_linearizable() {
+    let mut cluster = TestCluster::start(
+        "history",
+        3,
+        &["--fault-injection", "--quorum-wait-ms", "1500"],
+    );
+    let leader = cluster.wait_for_leader(1, Duration::from_secs(15));
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.mqtt_port).collect();
+    let epoch = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..6)
+        .map(|w| tokio::spawn(record(w, ports.clone(), epoch, stop.clone())))
+        .collect();
+    // A follower cut off for a while, then the leader killed and brought back.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let follower = (1..=3).find(|id| *id != leader).expect("a follower");
+    let rest: Vec<u64> = (1..=3).filter(|id| *id != follower).collect();
+    isolate(&cluster, follower, &rest);
+    for id in &rest {
+        isolate(&cluster, *id, &[follower]);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for id in 1..=3 {
+        isolate(&cluster, id, &[]);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = cluster.wait_for_leader(follower, Duration::from_secs(15));
+    cluster.kill9(leader);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    cluster.restart(leader);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut by_key: HashMap<String, Vec<linearizability::Op>> = HashMap::new();
+    for w in workers {
+        for (key, op) in w.await.expect("worker") {
+            by_key.entry(key).or_default().push(op);
+        }
+    }
+    let answered: usize = by_key
+        .values()
+        .flatten()
+        .filter(|o| o.ret.is_some())
+        .count();
+    let pending: usize = by_key
+        .values()
+        .flatten()
+        .filter(|o| o.ret.is_none())
+        .count();
+    eprintln!(
+        "{answered} operations answered, {pending} with an unknown outcome, over {} keys",
+        by_key.len()
+    );
+    assert!(
+        answered >= 100,
+        "too short a history to say anything: {answered}"
+    );
+    for (key, history) in &by_key {
+        assert!(
+            linearizability::linearizable(history),
+            "the history of {key} is not linearizable: {history:#?}"
         );
     }
 }

@@ -62,6 +62,11 @@ impl Client {
         Self::connect_with(id, port, |_| {}).await
     }
 
+    /// `connect` with an owned id, for a task of its own.
+    pub async fn connect_owned(id: String, port: u16) -> Client {
+        Self::connect(&id, port).await
+    }
+
     /// `connect` with extra MQTT options (session expiry, clean start, ...).
     pub async fn connect_with(id: &str, port: u16, tune: impl FnOnce(&mut MqttOptions)) -> Client {
         let mut o = MqttOptions::new(id, "127.0.0.1", port);
