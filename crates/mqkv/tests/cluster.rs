@@ -667,3 +667,121 @@ async fn a_history_through_every_node_with_faults_is_linearizable() {
         );
     }
 }
+
+/// A writer for the soak: SETs on its own keys through whichever node takes them, noting when
+/// each acknowledgement came.
+async fn soak_writer(
+    w: usize,
+    ports: Vec<u16>,
+    epoch: Instant,
+    stop: Arc<AtomicBool>,
+) -> (Seen, Vec<u64>) {
+    let mut seen = Seen::default();
+    let mut acks = Vec::new();
+    let (mut c, mut at) = connect_any(&format!("soak{w}"), &ports, w).await;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("soak-w{w}-k{}", i % 8);
+        let value = format!("w{w}-i{i}");
+        match c
+            .try_call(&[b"SET", key.as_bytes(), value.as_bytes()])
+            .await
+        {
+            Some(a) if a.payload[..] == b"+OK\r\n"[..] => {
+                acks.push(epoch.elapsed().as_millis() as u64);
+                seen.versions
+                    .push(a.user("__ts").expect("a version").to_owned());
+                seen.unknown.remove(&key);
+                seen.acked.insert(key, value);
+            }
+            Some(a) => {
+                assert_eq!(
+                    a.user("__stat"),
+                    Some("503"),
+                    "unexpected answer {:?}",
+                    text(&a.payload)
+                );
+                seen.unknown.entry(key).or_default().push(value);
+            }
+            None => {
+                seen.unknown.entry(key).or_default().push(value);
+                (c, at) = connect_any(&format!("soak{w}-{i}"), &ports, at + 1).await;
+            }
+        }
+        i += 1;
+    }
+    (seen, acks)
+}
+
+/// The long run: mixed writers on all nodes for `MQKV_SOAK_SECS` (default 1800) with a node
+/// killed with SIGKILL every `MQKV_SOAK_KILL_EVERY_SECS` (default 60) and restarted 10 s
+/// later. Reports writes acknowledged, lost (must be 0) and the longest stretch without an
+/// acknowledgement. Run with `cargo nextest run --release -p mqkv --test cluster --run-ignored
+/// only soak --no-capture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a long run: 30 minutes by default"]
+async fn soak_with_a_node_killed_every_minute() {
+    use rand::Rng;
+    let secs: u64 = std::env::var("MQKV_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1800);
+    let every: u64 = std::env::var("MQKV_SOAK_KILL_EVERY_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let mut cluster = TestCluster::start("soak", 3, &[]);
+    cluster.wait_for_leader(1, Duration::from_secs(15));
+    let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.mqtt_port).collect();
+    let epoch = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..16)
+        .map(|w| tokio::spawn(soak_writer(w, ports.clone(), epoch, stop.clone())))
+        .collect();
+    let mut kills = 0;
+    while epoch.elapsed() < Duration::from_secs(secs) {
+        tokio::time::sleep(Duration::from_secs(every.saturating_sub(10).max(1))).await;
+        let victim = rand::thread_rng().gen_range(1..=3);
+        cluster.kill9(victim);
+        kills += 1;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        cluster.restart(victim);
+        eprintln!("{:?}: node {victim} killed and restarted", epoch.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut seen = Vec::new();
+    let mut acks = Vec::new();
+    for w in writers {
+        let (s, a) = w.await.expect("writer");
+        seen.push(s);
+        acks.extend(a);
+    }
+    acks.sort_unstable();
+    let longest_gap = acks.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    let acked = acks.len();
+    let mut lost = 0;
+    cluster.wait_for_leader(1, Duration::from_secs(30));
+    for node in &cluster.nodes {
+        let mut r = Client::connect(&format!("soak-verify-{}", node.id), node.mqtt_port).await;
+        for s in &seen {
+            for (key, value) in &s.acked {
+                let got = bulk(&r.call(&[b"GET", key.as_bytes()]).await.payload);
+                let later = s.unknown.get(key).cloned().unwrap_or_default();
+                if got.as_deref() != Some(value.as_str())
+                    && !got.as_ref().is_some_and(|g| later.contains(g))
+                {
+                    lost += 1;
+                    eprintln!(
+                        "node {}: {key} holds {got:?}, acknowledged {value}",
+                        node.id
+                    );
+                }
+            }
+        }
+    }
+    eprintln!(
+        "soak: {secs} s, {kills} kills, {acked} writes acknowledged, {lost} lost, longest stretch without an acknowledgement {longest_gap} ms"
+    );
+    assert_eq!(lost, 0);
+    assert!(acked > 0);
+}
