@@ -225,13 +225,15 @@ impl StateStoreService {
     async fn expire_loop(self: Arc<Self>) {
         loop {
             let next = self.node.read(|m| m.next_expiry_ms());
+            // Only the leader proposes expiry; every node applies it from the log. Another
+            // node looks again now and then, in case it leads by then.
             let wait = match next {
+                _ if !self.node.is_leader() => EXPIRY_LOOK_EVERY,
                 Some(at) => Duration::from_millis(at.saturating_sub(now_ms())),
                 None => EXPIRY_LOOK_EVERY,
             }
             .min(EXPIRY_LOOK_EVERY);
-            // Only the leader proposes expiry; every node applies it from the log.
-            if wait.is_zero() && self.node.is_leader() {
+            if wait.is_zero() {
                 match self
                     .node
                     .write(Entry {

@@ -135,6 +135,81 @@ async fn three_nodes_serve_one_linearizable_store() {
     for id in 1..=3 {
         assert!(listing.contains(&format!("key-{id}")), "{listing:?}");
     }
+
+    // A SCAN continuation token from one node works on another: pages alternate between nodes.
+    for i in 0..250 {
+        let key = format!("scan-{i:03}");
+        assert_eq!(
+            text(&w.call(&[b"SET", key.as_bytes(), b"v"]).await.payload),
+            "+OK\r\n"
+        );
+    }
+    let mut scanners = Vec::new();
+    for node in &cluster.nodes {
+        scanners.push(Client::connect(&format!("pager-{}", node.id), node.mqtt_port).await);
+    }
+    let mut listed = Vec::new();
+    let mut token: Option<String> = None;
+    for page in 0.. {
+        assert!(page < 50, "the walk does not end");
+        let scanner = &mut scanners[page % 3];
+        let mut args: Vec<&[u8]> = vec![b"SCAN", b"scan-*"];
+        if let Some(t) = &token {
+            args.push(t.as_bytes());
+        }
+        let payload = text(&scanner.call(&args).await.payload);
+        let items: Vec<&str> = payload
+            .split("\r\n")
+            .filter(|l| !l.starts_with(['*', '$']) && !l.is_empty())
+            .collect();
+        listed.extend(
+            items
+                .iter()
+                .filter(|l| l.starts_with("scan-"))
+                .map(|l| l.to_string()),
+        );
+        token = items
+            .iter()
+            .find(|l| l.starts_with("after:"))
+            .map(|t| t.to_string());
+        if token.is_none() {
+            assert!(page > 0, "250 keys take more than one page");
+            break;
+        }
+    }
+    let expected: Vec<String> = (0..250).map(|i| format!("scan-{i:03}")).collect();
+    assert_eq!(listed, expected, "every key once, in order, across nodes");
+
+    // Key expiry is proposed by the leader alone: an observer on a follower hears the key's
+    // DELETE once, and no node serves it afterwards.
+    let a = observer.call(&[b"KEYNOTIFY", b"short"]).await;
+    assert_eq!(text(&a.payload), "+OK\r\n");
+    let a = w.call(&[b"SET", b"short", b"lived", b"PX", b"500"]).await;
+    assert_eq!(text(&a.payload), "+OK\r\n");
+    let about_short = |p: &rumqttc::v5::mqttbytes::v5::Publish| p.topic.ends_with(b"73686F7274");
+    let set = observer.wait_for(about_short).await;
+    assert!(
+        text(&set.payload).contains("SET"),
+        "{:?}",
+        text(&set.payload)
+    );
+    let deleted = observer.wait_for(about_short).await;
+    assert!(
+        text(&deleted.payload).contains("DELETE"),
+        "{:?}",
+        text(&deleted.payload)
+    );
+    let more: Vec<_> = observer
+        .drain(Duration::from_millis(1500))
+        .await
+        .into_iter()
+        .filter(|p| about_short(p))
+        .collect();
+    assert!(more.is_empty(), "the DELETE came more than once: {more:?}");
+    for node in &cluster.nodes {
+        let mut r = Client::connect(&format!("expired-{}", node.id), node.mqtt_port).await;
+        assert_eq!(bulk(&r.call(&[b"GET", b"short"]).await.payload), None);
+    }
 }
 
 /// What one writer saw: per key, the value last acknowledged and the values whose outcome is

@@ -332,9 +332,16 @@ impl AioClient {
         let extra = (0..extra).map(|_| Arc::new(make_client())).collect();
         let session_task =
             tokio::spawn(async move { session.run().await.map_err(|e| e.to_string()) });
-        tokio::time::timeout(Duration::from_secs(10), monitor.connected())
-            .await
-            .unwrap_or_else(|_| panic!("{id}: session did not connect to mqkv within 10 s"));
+        // The SDK's `connected()` checks the state and then waits for a change, so a connection
+        // made between the two is missed: look at the state again every 100 ms.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !monitor.is_connected() {
+            assert!(
+                Instant::now() < deadline,
+                "{id}: session did not connect to mqkv within 10 s"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(100), monitor.connected()).await;
+        }
         AioClient {
             id: id.to_string(),
             state_store: Arc::new(state_store),
