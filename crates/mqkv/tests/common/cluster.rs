@@ -1,11 +1,15 @@
 //! Real clusters of `mqkv serve` processes on loopback ports, for integration tests.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::store::Client;
 use super::ServerProcess;
 
 /// A port nobody listens on now (the kernel hands out a free one and it is released at once).
@@ -223,4 +227,142 @@ pub fn cli(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run mqkv")
+}
+
+pub fn text(payload: &[u8]) -> String {
+    String::from_utf8_lossy(payload).into_owned()
+}
+
+/// The value of a RESP3 bulk string answer (`$3\r\nabc\r\n`), or `None` for a miss.
+pub fn bulk(payload: &[u8]) -> Option<String> {
+    let t = text(payload);
+    if t == "$-1\r\n" {
+        return None;
+    }
+    Some(
+        t.split("\r\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("GET answer {t:?}"))
+            .to_owned(),
+    )
+}
+
+pub fn ok(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "mqkv failed: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `mqkv cluster isolate` against node `on`: it acts as if cut off from `from`.
+pub fn isolate(cluster: &TestCluster, on: u64, from: &[u64]) {
+    let port = cluster.port(on).to_string();
+    let mut args = vec!["cluster", "isolate", "--port", &port];
+    let ids: Vec<String> = from.iter().map(u64::to_string).collect();
+    args.extend(ids.iter().map(String::as_str));
+    ok(cli(&args));
+}
+
+/// Connects to the first node of `ports`, starting at `from`, that accepts.
+pub async fn connect_any(name: &str, ports: &[u16], from: usize) -> (Client, usize) {
+    for attempt in 0..(ports.len() * 20) {
+        let index = (from + attempt) % ports.len();
+        let id = format!("{name}-{attempt}");
+        // A node that is down makes the connect panic inside its task.
+        if let Ok(client) = tokio::spawn(Client::connect_owned(id, ports[index])).await {
+            return (client, index);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no node accepted {name}");
+}
+
+/// What one writer saw: per key, the value last acknowledged and the values whose outcome is
+/// unknown (sent after it, answered with an error or not at all), every version it was given,
+/// and when each acknowledgement came (milliseconds since the run began).
+#[derive(Default)]
+pub struct Seen {
+    pub acked: HashMap<String, String>,
+    pub unknown: HashMap<String, Vec<String>>,
+    pub versions: Vec<String>,
+    pub acks_ms: Vec<u64>,
+    pub acked_after_kill: usize,
+}
+
+/// A writer: SETs on its own keys through the nodes of `ports`, starting with the one at
+/// `start` and moving on whenever a node goes away, until `stop`.
+pub async fn writer(
+    w: usize,
+    ports: Vec<u16>,
+    start: usize,
+    epoch: Instant,
+    stop: Arc<AtomicBool>,
+    killed: Arc<AtomicBool>,
+) -> Seen {
+    let mut seen = Seen::default();
+    let (mut c, mut at) = connect_any(&format!("w{w}"), &ports, start).await;
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let key = format!("w{w}-k{}", i % 8);
+        let value = format!("w{w}-i{i}");
+        let after_kill = killed.load(Ordering::Relaxed);
+        match c
+            .try_call(&[b"SET", key.as_bytes(), value.as_bytes()])
+            .await
+        {
+            Some(a) if a.payload[..] == b"+OK\r\n"[..] => {
+                seen.acks_ms.push(epoch.elapsed().as_millis() as u64);
+                seen.versions
+                    .push(a.user("__ts").expect("a version").to_owned());
+                seen.unknown.remove(&key);
+                seen.acked.insert(key, value);
+                if after_kill {
+                    seen.acked_after_kill += 1;
+                }
+            }
+            Some(a) => {
+                assert_eq!(
+                    a.user("__stat"),
+                    Some("503"),
+                    "unexpected answer {:?}",
+                    text(&a.payload)
+                );
+                seen.unknown.entry(key).or_default().push(value);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None => {
+                seen.unknown.entry(key).or_default().push(value);
+                (c, at) = connect_any(&format!("w{w}-{i}"), &ports, at + 1).await;
+            }
+        }
+        i += 1;
+    }
+    seen
+}
+
+/// Reads every acknowledged key back through every node; returns one line for each key that
+/// holds neither its acknowledged value nor a later value of unknown outcome.
+pub async fn lost_writes(cluster: &TestCluster, seen: &[Seen]) -> Vec<String> {
+    let mut lost = Vec::new();
+    for node in cluster.running() {
+        let mut r = Client::connect(&format!("verify-{}", node.id), node.mqtt_port).await;
+        for s in seen {
+            for (key, value) in &s.acked {
+                let got = bulk(&r.call(&[b"GET", key.as_bytes()]).await.payload);
+                let later = s.unknown.get(key).cloned().unwrap_or_default();
+                if got.as_deref() != Some(value.as_str())
+                    && !got.as_ref().is_some_and(|g| later.contains(g))
+                {
+                    lost.push(format!(
+                        "node {}: {key} holds {got:?}, acknowledged {value}, unknown after it {later:?}",
+                        node.id
+                    ));
+                }
+            }
+        }
+    }
+    lost
 }
