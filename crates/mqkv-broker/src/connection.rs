@@ -840,6 +840,7 @@ impl Conn {
                 skip_queued = false;
             }
             let room = self.read_room.make(&mut buf);
+            let held = buf.len();
             // Until a read brings more, `buf` holds no whole packet.
             received = false;
             // In this order: a client that never stops sending still sees a shutdown.
@@ -912,6 +913,9 @@ impl Conn {
                         last = Instant::now();
                         received = true;
                         self.read_room.read(n, room);
+                        if held == 0 && crate::quickack::only_acknowledgements(&buf) {
+                            crate::quickack::ack_at_once(rd.as_ref());
+                        }
                     }
                 },
                 () = std::future::poll_fn(|cx| {

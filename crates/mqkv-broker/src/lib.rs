@@ -13,6 +13,7 @@ pub mod codec;
 pub mod config;
 mod connection;
 pub mod persist;
+mod quickack;
 pub mod service;
 mod session;
 pub mod subtree;
