@@ -12,6 +12,7 @@ use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use serde_json::{json, Value};
 
 use super::conn::ConnectionArgs;
+use super::output;
 use super::EXIT_OK;
 
 /// The administration topic (see `mqkv_server::admin`).
@@ -76,9 +77,9 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<i32> {
                 .get("status")
                 .ok_or_else(|| anyhow!("the answer has no status: {answer}"))?;
             if args.json {
-                println!("{status}");
+                output::json_line(status)?;
             } else {
-                print_table(status);
+                print_table(status)?;
             }
             Ok(EXIT_OK)
         }
@@ -89,7 +90,7 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<i32> {
                 json!({ "command": "add-node", "id": id, "addr": addr }),
             )
             .await?;
-            println!("node {id} added");
+            output::line(&format!("node {id} added"))?;
             Ok(EXIT_OK)
         }
         ClusterCommand::Isolate(args) => {
@@ -106,7 +107,7 @@ pub async fn run(command: ClusterCommand) -> anyhow::Result<i32> {
                 json!({ "command": "remove-node", "id": args.id }),
             )
             .await?;
-            println!("node {} removed", args.id);
+            output::line(&format!("node {} removed", args.id))?;
             Ok(EXIT_OK)
         }
     }
@@ -122,7 +123,7 @@ fn text(v: &Value) -> String {
     }
 }
 
-fn print_table(status: &Value) {
+fn print_table(status: &Value) -> std::io::Result<()> {
     let mut rows = vec![[
         "ID", "ROLE", "VOTER", "MQTT", "CLUSTER", "TERM", "APPLIED", "LAG", "ERROR",
     ]
@@ -146,15 +147,16 @@ fn print_table(status: &Value) {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
         .collect();
-    println!("leader: {}", text(&status["leader"]));
+    output::line(&format!("leader: {}", text(&status["leader"])))?;
     for row in rows {
         let line: Vec<String> = row
             .iter()
             .zip(&widths)
             .map(|(cell, w)| format!("{cell:<w$}"))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        output::line(line.join("  ").trim_end())?;
     }
+    Ok(())
 }
 
 /// Sends one request and returns the answer's JSON when it says `ok`.
