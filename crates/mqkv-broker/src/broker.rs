@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
     pub(crate) threads: ConnThreads,
+    /// The other nodes of a cluster, once installed.
+    federation: std::sync::OnceLock<Arc<dyn crate::federation::Federation>>,
 }
 
 /// A running broker. Cheap to clone; every clone is the same broker.
@@ -133,6 +135,7 @@ impl Broker {
                 shutting_down: AtomicBool::new(false),
                 live_connections: AtomicUsize::new(0),
                 changes: AtomicU64::new(0),
+                federation: std::sync::OnceLock::new(),
                 connection_closed: tokio::sync::Notify::new(),
                 threads,
             }),
@@ -267,6 +270,31 @@ impl Broker {
         self.inner.retained.read().len()
     }
 
+    /// Joins this broker to others (see [`crate::federation`]). Only the first call counts.
+    pub fn federate(&self, federation: Arc<dyn crate::federation::Federation>) {
+        let _ = self.inner.federation.set(federation);
+    }
+
+    /// Routes a message another node forwarded: to the subscriptions here only.
+    pub fn route_from_peer(&self, message: Message) -> usize {
+        self.inner.route_local(Arc::new(message))
+    }
+
+    /// Every topic filter some session here subscribes to (shared subscriptions by their
+    /// filter), each once, in order.
+    pub fn subscribed_filters(&self) -> Vec<String> {
+        let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
+        let mut filters = std::collections::BTreeSet::new();
+        for session in sessions {
+            for f in session.state.lock().subscriptions.keys() {
+                if let Some(spec) = topic::parse_filter(f) {
+                    filters.insert(spec.filter.to_owned());
+                }
+            }
+        }
+        filters.into_iter().collect()
+    }
+
     /// Stops accepting, sends DISCONNECT 0x8B to every client and waits (bounded) for the
     /// connections to close.
     pub async fn shutdown(&self, grace: Duration) {
@@ -387,8 +415,26 @@ impl Inner {
         self.route(Arc::new(Message::from_service(m)));
     }
 
-    /// Routes a message to every matching subscription and updates the retained store.
+    /// Routes a message published on this node to every matching subscription here and, in a
+    /// cluster, hands it to the other nodes; returns how many sessions here and nodes elsewhere
+    /// it went to.
     pub fn route(&self, msg: Arc<Message>) -> usize {
+        let here = self.route_local(msg.clone());
+        match self.federation.get() {
+            Some(federation) => here + federation.forward(&msg),
+            None => here,
+        }
+    }
+
+    /// Tells the other nodes, if any, that this node's subscribed filters may have changed.
+    fn filters_changed(&self) {
+        if let Some(federation) = self.federation.get() {
+            federation.filters_changed();
+        }
+    }
+
+    /// Routes a message to every matching subscription here and updates the retained store.
+    pub fn route_local(&self, msg: Arc<Message>) -> usize {
         if msg.retain {
             self.retain(msg.clone());
         }
@@ -603,10 +649,14 @@ impl Inner {
     fn drop_subscriptions(&self, session: &Arc<Session>) {
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         let mut subs = self.subs.write();
-        for f in filters {
-            if let Some(spec) = topic::parse_filter(&f) {
+        for f in &filters {
+            if let Some(spec) = topic::parse_filter(f) {
                 subs.remove(spec.filter, spec.group, &session.client_id);
             }
+        }
+        drop(subs);
+        if !filters.is_empty() {
+            self.filters_changed();
         }
     }
 
@@ -638,6 +688,10 @@ impl Inner {
             .lock()
             .subscriptions
             .insert(filter.to_owned(), (options, identifier));
+        drop(subs);
+        if !existed {
+            self.filters_changed();
+        }
         existed
     }
 
@@ -648,7 +702,11 @@ impl Inner {
         let mut subs = self.subs.write();
         let removed = subs.remove(spec.filter, spec.group, &session.client_id);
         session.state.lock().subscriptions.remove(filter);
+        drop(subs);
         self.touch();
+        if removed {
+            self.filters_changed();
+        }
         removed
     }
 

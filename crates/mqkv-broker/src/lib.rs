@@ -12,6 +12,7 @@ mod broker;
 pub mod codec;
 pub mod config;
 mod connection;
+pub mod federation;
 pub mod persist;
 mod quickack;
 pub mod service;
@@ -25,4 +26,5 @@ pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
 pub use service::{
     ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };
+pub use session::Message;
 pub use threads::LentThread;

@@ -83,11 +83,21 @@ pub enum MembershipError {
     Unavailable(String),
 }
 
+/// Handles a message of the application's own from another node: its sender, channel and
+/// bytes. Called on the link's reading task, in the order the sender sent them: keep it short.
+pub type AppHandler = Arc<dyn Fn(NodeId, u8, Vec<u8>) + Send + Sync>;
+
+/// Application messages waiting to be sent: to whom, on which channel, what.
+type Outbox = mpsc::UnboundedSender<(NodeId, u8, Vec<u8>)>;
+
 /// What a clustered node keeps beside raft.
 pub(crate) struct Cluster {
     pub(crate) peers: Arc<Peers>,
     pub(crate) advertise: String,
     client_addrs: Mutex<Vec<String>>,
+    pub(crate) app: std::sync::OnceLock<AppHandler>,
+    /// Application messages to send, in order (see [`send_app`]).
+    pub(crate) outbox: std::sync::OnceLock<Outbox>,
 }
 
 impl Cluster {
@@ -96,6 +106,16 @@ impl Cluster {
             peers,
             advertise,
             client_addrs: Mutex::default(),
+            app: std::sync::OnceLock::new(),
+            outbox: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Starts the task that sends application messages, on the current runtime.
+    pub(crate) fn start_outbox(self: &Arc<Self>, raft: Raft<TypeConfig>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if self.outbox.set(tx).is_ok() {
+            tokio::spawn(send_app(self.peers.clone(), raft, rx));
         }
     }
 
@@ -346,6 +366,22 @@ async fn serve_link(
             Ok(Envelope { id, body }) => (id, Ok(body)),
             Err(e) => (0, Err(e.to_string())),
         };
+        // The application's messages are handled here, in the order they came.
+        let request = match request {
+            Ok(Request::App { channel, bytes }) => {
+                if let Some(handler) = cluster.app.get() {
+                    handler(node, channel, bytes);
+                }
+                if let Ok(frame) = rpc::encode(&Envelope {
+                    id,
+                    body: Response::App,
+                }) {
+                    let _ = answers.send(frame);
+                }
+                continue;
+            }
+            other => other,
+        };
         let raft = raft.clone();
         let route = route.clone();
         let cluster = cluster.clone();
@@ -383,5 +419,33 @@ async fn answer(
         Request::Status => Response::Status(Box::new(cluster.own_status(raft))),
         Request::AddNode { id, addr } => Response::Membership(add_node(raft, id, addr).await),
         Request::RemoveNode { id } => Response::Membership(remove_node(raft, id).await),
+        // Handled as they arrive (see `serve_link`).
+        Request::App { .. } => Response::App,
+    }
+}
+
+/// Sends queued application messages one after another, so each peer gets them in order. A
+/// message for a node that is not a member, or cannot be reached, is dropped.
+async fn send_app(
+    peers: Arc<Peers>,
+    raft: Raft<TypeConfig>,
+    mut queue: mpsc::UnboundedReceiver<(NodeId, u8, Vec<u8>)>,
+) {
+    while let Some((node, channel, bytes)) = queue.recv().await {
+        let addr = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&node)
+            .map(|n| n.addr.clone());
+        let Some(addr) = addr else { continue };
+        if let Err(e) = peers
+            .get(node, &addr)
+            .post(Request::App { channel, bytes })
+            .await
+        {
+            tracing::debug!(node, error = %e, "an application message was not sent");
+        }
     }
 }

@@ -113,7 +113,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{ClusterOptions, MembershipError};
+pub use cluster::{AppHandler, ClusterOptions, MembershipError};
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
 #[doc(hidden)]

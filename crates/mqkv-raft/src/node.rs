@@ -283,6 +283,34 @@ impl StoreNode {
         }
     }
 
+    /// Installs what handles the application's messages from other nodes (see
+    /// [`Self::send_app`]). Only the first call counts; nothing happens without peers.
+    pub fn set_app_handler(&self, handler: crate::cluster::AppHandler) {
+        if let Some(cluster) = &self.inner.cluster {
+            let _ = cluster.app.set(handler);
+        }
+    }
+
+    /// Sends `bytes` on `channel` to member `node`, without waiting: messages to one node
+    /// arrive in the order they were sent, or not at all if the node cannot be reached.
+    pub fn send_app(&self, node: NodeId, channel: u8, bytes: Vec<u8>) {
+        if let Some(outbox) = self.inner.cluster.as_ref().and_then(|c| c.outbox.get()) {
+            let _ = outbox.send((node, channel, bytes));
+        }
+    }
+
+    /// The other members of the group.
+    pub fn peer_ids(&self) -> Vec<NodeId> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .filter(|id| *id != self.inner.node_id)
+            .collect()
+    }
+
     /// Where clients reach this node, as `cluster status` reports it.
     pub fn set_client_addrs(&self, addrs: Vec<String>) {
         if let Some(cluster) = &self.inner.cluster {
@@ -464,6 +492,9 @@ async fn open(
                     quorum_wait,
                 );
                 let reads = cluster.as_ref().map(|_| ReadBarrier::start(route.clone()));
+                if let Some(cluster) = &cluster {
+                    cluster.start_outbox(raft.clone());
+                }
                 if let (Some(listener), Some(cluster)) = (listener, &cluster) {
                     let listener =
                         tokio::net::TcpListener::from_std(listener).map_err(start_error)?;

@@ -105,6 +105,21 @@ impl Peer {
             .unwrap_or(Err(CallError::Timeout { node, timeout }))
     }
 
+    /// Sends `request` without waiting for its answer. Requests posted one after another to
+    /// one peer leave in that order.
+    pub(crate) async fn post(&self, request: Request) -> Result<(), CallError> {
+        if sync::lock(&self.blocked).contains(&self.node) {
+            return Err(self.unreachable("cut off by fault injection"));
+        }
+        let link = self.link().await?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame =
+            rpc::encode(&Envelope { id, body: request }).map_err(|e| self.unreachable(e))?;
+        link.outgoing
+            .send(frame)
+            .map_err(|_| self.unreachable("the link closed"))
+    }
+
     async fn call_inner(&self, request: Request) -> Result<Response, CallError> {
         let link = self.link().await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

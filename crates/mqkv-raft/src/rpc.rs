@@ -48,6 +48,12 @@ pub(crate) enum Request {
     RemoveNode {
         id: NodeId,
     },
+    /// A message of the application's own (see [`crate::StoreNode::send_app`]), handled in the
+    /// order it was sent.
+    App {
+        channel: u8,
+        bytes: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,6 +69,7 @@ pub(crate) enum Response {
     ReadIndex(Result<u64, Refusal>),
     Status(Box<MemberStatus>),
     Membership(Result<(), Refusal>),
+    App,
     /// The request could not be decoded.
     Malformed(String),
 }

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod federation;
 pub mod persistence;
 pub mod statestore;
 
@@ -140,6 +141,9 @@ impl Server {
         statestore::StateStoreService::start(&broker, node.clone(), notifier);
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
         admin::AdminService::start(&broker, node.clone(), fault_injection);
+        if node.is_clustered() {
+            federation::ClusterFederation::start(&broker, node.clone());
+        }
         let mut listeners = Vec::new();
         for addr in &config.listen {
             match broker.listen(*addr).await {

@@ -343,3 +343,98 @@ async fn a_node_with_the_wrong_secret_is_kept_out() {
     let a = c3.call(&[b"GET", b"k"]).await;
     assert_eq!(a.user("__stat"), Some("503"), "{:?}", text(&a.payload));
 }
+
+/// Runs `mosquitto_sub` against `port` until `seconds` pass; returns the lines it printed.
+fn subscribe_for(port: u16, filter: &str, seconds: u32) -> std::process::Child {
+    std::process::Command::new("mosquitto_sub")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-t",
+            filter,
+            "-q",
+            "1",
+            "-v",
+            "-W",
+            &seconds.to_string(),
+        ])
+        .args(["-i", &format!("sub-{port}-{}", filter.len())])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("mosquitto_sub (mosquitto-clients)")
+}
+
+/// `mosquitto_pub` of `message` to `topic` on `port` (an empty message as a null one, `-n`).
+fn publish(port: u16, topic: &str, message: &str, extra: &[&str]) {
+    let body: &[&str] = if message.is_empty() {
+        &["-n"]
+    } else {
+        &["-m", message]
+    };
+    let status = std::process::Command::new("mosquitto_pub")
+        .args(["-p", &port.to_string(), "-t", topic])
+        .args(body)
+        .args(extra)
+        .status()
+        .expect("mosquitto_pub (mosquitto-clients)");
+    assert!(status.success(), "mosquitto_pub to {port}");
+}
+
+fn lines(child: std::process::Child) -> Vec<String> {
+    let out = child.wait_with_output().expect("mosquitto_sub output");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_cross_nodes_once_in_order_and_retained_messages_reach_every_node() {
+    let cluster = TestCluster::start("pubsub", 3, &[]);
+    cluster.wait_for_leader(1, Duration::from_secs(15));
+    let (p1, p2, p3) = (cluster.port(1), cluster.port(2), cluster.port(3));
+    let everything = subscribe_for(p2, "x/#", 6);
+    let ordered = subscribe_for(p3, "seq/#", 6);
+    // A subscription reaches the other nodes a moment after it is made.
+    std::thread::sleep(Duration::from_millis(1500));
+    publish(p1, "x/a", "one", &["-q", "1"]);
+    publish(p3, "x/b", "two", &["-q", "0"]);
+    publish(p2, "x/c", "three", &["-q", "2"]);
+    // One publisher on node 1, twenty messages at QoS 1: they arrive on node 3 in order.
+    let mut burst = std::process::Command::new("mosquitto_pub")
+        .args(["-p", &p1.to_string(), "-t", "seq/n", "-q", "1", "-l"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("mosquitto_pub");
+    {
+        use std::io::Write;
+        let mut stdin = burst.stdin.take().expect("stdin");
+        for i in 0..20 {
+            writeln!(stdin, "{i}").expect("write");
+        }
+    }
+    assert!(burst.wait().expect("mosquitto_pub").success());
+    let mut got = lines(everything);
+    got.sort();
+    assert_eq!(
+        got,
+        ["x/a one", "x/b two", "x/c three"],
+        "each message once, from every node"
+    );
+    let expected: Vec<String> = (0..20).map(|i| format!("seq/n {i}")).collect();
+    assert_eq!(
+        lines(ordered),
+        expected,
+        "one publisher's messages in order, once each"
+    );
+
+    // A retained message set on node 1 is there for a new subscriber on node 3, and a
+    // retained message cleared on node 2 is gone everywhere.
+    publish(p1, "r/keep", "kept", &["-r", "-q", "1"]);
+    publish(p1, "r/gone", "soon", &["-r", "-q", "1"]);
+    std::thread::sleep(Duration::from_millis(300));
+    publish(p2, "r/gone", "", &["-r", "-q", "1"]);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(lines(subscribe_for(p3, "r/#", 2)), ["r/keep kept"]);
+    assert_eq!(lines(subscribe_for(p1, "r/#", 2)), ["r/keep kept"]);
+}

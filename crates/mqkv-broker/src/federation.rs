@@ -1,0 +1,146 @@
+//! Brokers that forward to each other: the nodes of a cluster.
+//!
+//! The broker knows nothing of how the other nodes are reached. A [`Federation`] installed with
+//! [`crate::Broker::federate`] is offered every message published on this node once it has been
+//! routed here, and is told whenever the set of filters subscribed on this node may have
+//! changed; it decides which other nodes get the message. A message that came from another node
+//! is routed here only ([`crate::Broker::route_from_peer`]), never forwarded again, so no
+//! message is delivered twice.
+//!
+//! Messages travel as [`ForwardedMessage`]s, with their MQTT 5 properties in wire form and their
+//! expiry as the time left.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::codec::PropContext;
+use crate::codec::{Properties, QoS};
+use crate::session::Message;
+
+/// The other nodes, as the broker sees them.
+pub trait Federation: Send + Sync + 'static {
+    /// A message published on this node (by a client, a will or a service), already routed
+    /// here. Returns how many other nodes it was sent to.
+    fn forward(&self, message: &Arc<Message>) -> usize;
+
+    /// A subscription was added or removed on this node (see
+    /// [`crate::Broker::subscribed_filters`]).
+    fn filters_changed(&self);
+}
+
+/// A message on its way to another node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardedMessage {
+    pub topic: String,
+    pub payload: Vec<u8>,
+    pub qos: u8,
+    pub retain: bool,
+    /// The MQTT 5 property block as on the wire (length prefix included).
+    pub properties: Vec<u8>,
+    /// Milliseconds left before the message expires.
+    pub expires_in_ms: Option<u64>,
+    pub publisher: Option<String>,
+}
+
+/// Why a forwarded message was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ForwardError {
+    #[error("its properties do not decode")]
+    Properties,
+    #[error("its QoS is not 0, 1 or 2")]
+    Qos,
+}
+
+impl ForwardedMessage {
+    pub fn from_message(m: &Message) -> ForwardedMessage {
+        let mut props = BytesMut::new();
+        m.properties.encode(&mut props);
+        let now = Instant::now();
+        ForwardedMessage {
+            topic: m.topic.clone(),
+            payload: m.payload.to_vec(),
+            qos: m.qos as u8,
+            retain: m.retain,
+            properties: props.to_vec(),
+            expires_in_ms: m.expires_at.map(|t| {
+                u64::try_from(t.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
+            }),
+            publisher: m.publisher.as_deref().map(str::to_owned),
+        }
+    }
+
+    pub fn into_message(self) -> Result<Message, ForwardError> {
+        let mut raw = Bytes::from(self.properties);
+        let properties = if raw.is_empty() {
+            Properties::default()
+        } else {
+            Properties::decode(&mut raw, PropContext::Publish)
+                .map_err(|_| ForwardError::Properties)?
+        };
+        Ok(Message {
+            topic: self.topic,
+            payload: Bytes::from(self.payload),
+            qos: QoS::from_u8(self.qos).ok_or(ForwardError::Qos)?,
+            retain: self.retain,
+            properties,
+            expires_at: self
+                .expires_in_ms
+                .map(|ms| Instant::now() + std::time::Duration::from_millis(ms)),
+            publisher: self.publisher.map(Arc::from),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::PropStr;
+
+    #[test]
+    fn a_message_survives_the_trip() {
+        let m = Message {
+            topic: "a/b".into(),
+            payload: Bytes::from_static(b"hello"),
+            qos: QoS::AtLeastOnce,
+            retain: true,
+            properties: Properties {
+                content_type: Some(PropStr::Owned("text/plain".into())),
+                user_properties: vec![(PropStr::Owned("k".into()), PropStr::Owned("v".into()))],
+                ..Default::default()
+            },
+            expires_at: Some(Instant::now() + std::time::Duration::from_secs(60)),
+            publisher: Some(Arc::from("pub")),
+        };
+        let back = ForwardedMessage::from_message(&m)
+            .into_message()
+            .expect("decodes");
+        assert_eq!(back.topic, m.topic);
+        assert_eq!(back.payload, m.payload);
+        assert_eq!(back.qos, m.qos);
+        assert!(back.retain);
+        assert_eq!(back.properties.user_properties.len(), 1);
+        assert_eq!(back.publisher.as_deref(), Some("pub"));
+        assert!(back.expires_at.is_some());
+    }
+
+    #[test]
+    fn garbage_is_refused() {
+        let mut f = ForwardedMessage::from_message(&Message {
+            topic: "t".into(),
+            payload: Bytes::new(),
+            qos: QoS::AtMostOnce,
+            retain: false,
+            properties: Properties::default(),
+            expires_at: None,
+            publisher: None,
+        });
+        f.qos = 3;
+        assert_eq!(f.clone().into_message().err(), Some(ForwardError::Qos));
+        f.qos = 0;
+        f.properties = vec![5, 0xff, 0xff];
+        assert_eq!(f.into_message().err(), Some(ForwardError::Properties));
+    }
+}
