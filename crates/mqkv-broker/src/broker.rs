@@ -83,7 +83,7 @@ pub(crate) struct Inner {
     pub connection_closed: tokio::sync::Notify,
     pub(crate) threads: ConnThreads,
     /// The other nodes of a cluster, once installed.
-    federation: std::sync::OnceLock<Arc<dyn crate::federation::Federation>>,
+    pub(crate) federation: std::sync::OnceLock<Arc<dyn crate::federation::Federation>>,
 }
 
 /// A running broker. Cheap to clone; every clone is the same broker.
@@ -268,31 +268,6 @@ impl Broker {
     /// Number of retained messages.
     pub fn retained_count(&self) -> usize {
         self.inner.retained.read().len()
-    }
-
-    /// Joins this broker to others (see [`crate::federation`]). Only the first call counts.
-    pub fn federate(&self, federation: Arc<dyn crate::federation::Federation>) {
-        let _ = self.inner.federation.set(federation);
-    }
-
-    /// Routes a message another node forwarded: to the subscriptions here only.
-    pub fn route_from_peer(&self, message: Message) -> usize {
-        self.inner.route_local(Arc::new(message))
-    }
-
-    /// Every topic filter some session here subscribes to (shared subscriptions by their
-    /// filter), each once, in order.
-    pub fn subscribed_filters(&self) -> Vec<String> {
-        let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
-        let mut filters = std::collections::BTreeSet::new();
-        for session in sessions {
-            for f in session.state.lock().subscriptions.keys() {
-                if let Some(spec) = topic::parse_filter(f) {
-                    filters.insert(spec.filter.to_owned());
-                }
-            }
-        }
-        filters.into_iter().collect()
     }
 
     /// Stops accepting, sends DISCONNECT 0x8B to every client and waits (bounded) for the

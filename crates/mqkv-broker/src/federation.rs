@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::PropContext;
 use crate::codec::{Properties, QoS};
-use crate::session::Message;
+use crate::session::{Message, Session};
+use crate::{topic, Broker};
 
 /// The other nodes, as the broker sees them.
 pub trait Federation: Send + Sync + 'static {
@@ -29,6 +30,33 @@ pub trait Federation: Send + Sync + 'static {
     /// A subscription was added or removed on this node (see
     /// [`crate::Broker::subscribed_filters`]).
     fn filters_changed(&self);
+}
+
+impl Broker {
+    /// Joins this broker to others (see [`crate::federation`]). Only the first call counts.
+    pub fn federate(&self, federation: Arc<dyn crate::federation::Federation>) {
+        let _ = self.inner.federation.set(federation);
+    }
+
+    /// Routes a message another node forwarded: to the subscriptions here only.
+    pub fn route_from_peer(&self, message: Message) -> usize {
+        self.inner.route_local(Arc::new(message))
+    }
+
+    /// Every topic filter some session here subscribes to (shared subscriptions by their
+    /// filter), each once, in order.
+    pub fn subscribed_filters(&self) -> Vec<String> {
+        let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
+        let mut filters = std::collections::BTreeSet::new();
+        for session in sessions {
+            for f in session.state.lock().subscriptions.keys() {
+                if let Some(spec) = topic::parse_filter(f) {
+                    filters.insert(spec.filter.to_owned());
+                }
+            }
+        }
+        filters.into_iter().collect()
+    }
 }
 
 /// A message on its way to another node.
