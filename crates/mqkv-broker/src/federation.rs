@@ -13,10 +13,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::codec::PropContext;
 use crate::codec::{Properties, QoS};
 use crate::session::{Message, Session};
 use crate::{topic, Broker};
@@ -84,15 +83,13 @@ pub enum ForwardError {
 
 impl ForwardedMessage {
     pub fn from_message(m: &Message) -> ForwardedMessage {
-        let mut props = BytesMut::new();
-        m.properties.encode(&mut props);
         let now = Instant::now();
         ForwardedMessage {
             topic: m.topic.clone(),
             payload: m.payload.to_vec(),
             qos: m.qos as u8,
             retain: m.retain,
-            properties: props.to_vec(),
+            properties: m.properties.to_block(),
             expires_in_ms: m.expires_at.map(|t| {
                 u64::try_from(t.saturating_duration_since(now).as_millis()).unwrap_or(u64::MAX)
             }),
@@ -101,13 +98,8 @@ impl ForwardedMessage {
     }
 
     pub fn into_message(self) -> Result<Message, ForwardError> {
-        let mut raw = Bytes::from(self.properties);
-        let properties = if raw.is_empty() {
-            Properties::default()
-        } else {
-            Properties::decode(&mut raw, PropContext::Publish)
-                .map_err(|_| ForwardError::Properties)?
-        };
+        let properties =
+            Properties::from_block(self.properties).map_err(|_| ForwardError::Properties)?;
         Ok(Message {
             topic: self.topic,
             payload: Bytes::from(self.payload),

@@ -13,11 +13,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::Inner;
-use crate::codec::{PropContext, Properties, QoS, SubscriptionOptions};
+use crate::codec::{Properties, QoS, SubscriptionOptions};
 use crate::session::{Delivery, Inflight, Message, PendingWill, Session};
 
 /// Format version of [`BrokerState`]; bump on any incompatible change.
@@ -129,15 +129,13 @@ impl Exporter {
         if let Some(id) = self.ids.get(&key) {
             return *id;
         }
-        let mut props = BytesMut::new();
-        m.properties.encode(&mut props);
         let id = u32::try_from(self.state.messages.len()).unwrap_or(u32::MAX);
         self.state.messages.push(StoredMessage {
             topic: m.topic.clone(),
             payload: m.payload.to_vec(),
             qos: m.qos as u8,
             retain: m.retain,
-            properties: props.to_vec(),
+            properties: m.properties.to_block(),
             expires_at_ms: m.expires_at.map(|t| self.clock.to_ms(t)),
             publisher: m.publisher.as_deref().map(str::to_owned),
         });
@@ -232,13 +230,8 @@ impl Inner {
         let clock = Clock::now();
         let mut messages = Vec::with_capacity(state.messages.len());
         for m in state.messages {
-            let mut raw = Bytes::from(m.properties);
-            let properties = if raw.is_empty() {
-                Properties::default()
-            } else {
-                Properties::decode(&mut raw, PropContext::Publish)
-                    .map_err(|_| ImportError::Corrupt("message properties"))?
-            };
+            let properties = Properties::from_block(m.properties)
+                .map_err(|_| ImportError::Corrupt("message properties"))?;
             messages.push(Arc::new(Message {
                 topic: m.topic,
                 payload: Bytes::from(m.payload),

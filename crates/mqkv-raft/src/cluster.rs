@@ -197,32 +197,17 @@ impl Cluster {
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<(), Refusal>>,
     {
-        let (leader, addr) = {
-            let metrics = raft.metrics();
-            let m = metrics.borrow();
-            let leader = m.current_leader;
-            let addr = leader.and_then(|l| {
-                m.membership_config
-                    .membership()
-                    .get_node(&l)
-                    .map(|n| n.addr.clone())
-            });
-            (leader, addr)
-        };
+        let leader = raft.metrics().borrow().current_leader;
         let refused = |r: Refusal| match r {
             Refusal::NotLeader(_) => {
                 MembershipError::Unavailable("the leader changed; try again".into())
             }
             Refusal::Failed(why) => MembershipError::Refused(why),
         };
-        match (leader, addr) {
+        let peer = leader.and_then(|l| self.peers.member(raft, l));
+        match (leader, peer) {
             (Some(l), _) if l == self.peers.me() => here().await.map_err(refused),
-            (Some(l), Some(addr)) => match self
-                .peers
-                .get(l, &addr)
-                .call(request, MEMBERSHIP_TIMEOUT)
-                .await
-            {
+            (Some(_), Some(peer)) => match peer.call(request, MEMBERSHIP_TIMEOUT).await {
                 Ok(Response::Membership(answer)) => answer.map_err(refused),
                 Ok(other) => Err(MembershipError::Refused(format!(
                     "the leader answered {other:?}"
@@ -432,19 +417,10 @@ async fn send_app(
     mut queue: mpsc::UnboundedReceiver<(NodeId, u8, Vec<u8>)>,
 ) {
     while let Some((node, channel, bytes)) = queue.recv().await {
-        let addr = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&node)
-            .map(|n| n.addr.clone());
-        let Some(addr) = addr else { continue };
-        if let Err(e) = peers
-            .get(node, &addr)
-            .post(Request::App { channel, bytes })
-            .await
-        {
+        let Some(peer) = peers.member(&raft, node) else {
+            continue;
+        };
+        if let Err(e) = peer.post(Request::App { channel, bytes }).await {
             tracing::debug!(node, error = %e, "an application message was not sent");
         }
     }

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::rpc::{self, Envelope, Request, Response};
 use crate::sync;
-use crate::types::NodeId;
+use crate::types::{NodeId, TypeConfig};
 use crate::wire::{self, FrameReader, FrameWriter};
 
 /// Why a call got no answer.
@@ -265,6 +265,23 @@ impl Peers {
 
     pub(crate) fn secret(&self) -> &Arc<[u8]> {
         &self.secret
+    }
+
+    /// The peer of member `node` of `raft`'s group, at the address the membership gives it;
+    /// `None` for a node that is not a member.
+    pub(crate) fn member(
+        &self,
+        raft: &openraft::Raft<TypeConfig>,
+        node: NodeId,
+    ) -> Option<Arc<Peer>> {
+        let addr = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&node)
+            .map(|n| n.addr.clone())?;
+        Some(self.get(node, &addr))
     }
 
     pub(crate) fn get(&self, node: NodeId, addr: &str) -> Arc<Peer> {

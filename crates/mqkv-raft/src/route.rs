@@ -205,14 +205,7 @@ impl Route {
     }
 
     fn peer(&self, peers: &Peers, leader: NodeId) -> Option<Arc<Peer>> {
-        let metrics = self.raft.metrics();
-        let addr = metrics
-            .borrow()
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|n| n.addr.clone())?;
-        Some(peers.get(leader, &addr))
+        peers.member(&self.raft, leader)
     }
 
     async fn wait_for_leader(&self, deadline: Instant) -> Result<NodeId, WriteError> {

@@ -388,6 +388,22 @@ impl Properties {
         self.encode_with(out, &self.per_receiver());
     }
 
+    /// The property block of a PUBLISH as bytes of their own (length prefix first), as a
+    /// message is kept in the state file or sent to another node.
+    pub fn to_block(&self) -> Vec<u8> {
+        let mut out = BytesMut::new();
+        self.encode(&mut out);
+        out.to_vec()
+    }
+
+    /// Reads back what [`Self::to_block`] wrote; an empty block is no properties.
+    pub fn from_block(block: Vec<u8>) -> Result<Properties, DecodeError> {
+        if block.is_empty() {
+            return Ok(Properties::default());
+        }
+        Properties::decode(&mut Bytes::from(block), PropContext::Publish)
+    }
+
     /// Writes the property block with `over` in place of the block's own per-receiver values,
     /// length prefix first.
     pub fn encode_with(&self, out: &mut BytesMut, over: &PerReceiver<'_>) {
