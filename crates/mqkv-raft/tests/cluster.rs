@@ -108,7 +108,24 @@ async fn every_node_holds_the_same_state_and_a_late_node_catches_up_from_a_snaps
         let applied = w.await.expect("write");
         assert!(applied.version.is_some(), "{:?}", applied.response);
     }
+    // Then one at a time: each a log entry of its own, several snapshot periods' worth.
+    for i in 0..30 {
+        let applied = nodes[i % 3]
+            .write(set(&format!("k{}", i % 20), &format!("w{i}")))
+            .await
+            .expect("write");
+        assert!(applied.version.is_some(), "{:?}", applied.response);
+    }
     settled(&nodes).await;
+    // Snapshots are built beside the writes: wait for the first one on every node.
+    let start = Instant::now();
+    while nodes.iter().any(|n| n.stats().snapshots_built == 0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no snapshot was taken"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let reference = state(&a);
     assert_eq!(
         state(&b),
@@ -116,7 +133,6 @@ async fn every_node_holds_the_same_state_and_a_late_node_catches_up_from_a_snaps
         "node 2 applied the same log into the same state"
     );
     assert_eq!(state(&c), reference, "node 3 likewise");
-    assert!(a.stats().snapshots_built > 0, "snapshots were taken");
 
     // A fourth node joins: the log behind the snapshots is gone, so it gets a snapshot.
     let d = open(4, ports[3], &BTreeMap::new(), true).await;
@@ -154,8 +170,20 @@ async fn every_node_holds_the_same_state_and_a_late_node_catches_up_from_a_snaps
 
     // Node 4 leaves; the others go on without it.
     a.remove_node(4).await.expect("remove node 4");
-    let status = b.cluster_status().await.expect("a cluster");
-    assert_eq!(status.nodes.len(), 3, "{status:?}");
+    // A follower learns of the change with the next entries it is sent.
+    let start = Instant::now();
+    loop {
+        let status = b.cluster_status().await.expect("a cluster");
+        if status.nodes.len() == 3 {
+            assert!(status.nodes.iter().all(|n| n.id != 4), "{status:?}");
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "node 4 is still listed: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     d.shutdown().await.expect("shutdown");
     c.write(set("after-leave", "y"))
         .await
