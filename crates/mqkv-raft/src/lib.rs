@@ -122,7 +122,7 @@ pub use log_file::LOG_FORMAT;
 pub use node::{NodeOptions, StoreNode};
 pub use proposer::PendingWrite;
 pub use runtime::SharedThread;
-pub use state_machine::{set_after_snapshot, ApplyHook};
+pub use state_machine::{set_after_snapshot, ApplyHook, InstallHook};
 pub use stats::StoreStats;
 pub use status::{ClusterStatus, MemberStatus, NodeReport, Role};
 pub use types::{NodeId, DEFAULT_NODE_ID};

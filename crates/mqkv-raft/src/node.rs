@@ -283,6 +283,12 @@ impl StoreNode {
         }
     }
 
+    /// Calls `hook` whenever a snapshot from another member replaces the
+    /// state (see [`crate::InstallHook`]). Only the first call counts.
+    pub fn set_install_hook(&self, hook: crate::InstallHook) {
+        self.inner.state.install_snapshot_hook(hook);
+    }
+
     /// Installs what handles the application's messages from other nodes (see
     /// [`Self::send_app`]). Only the first call counts; nothing happens without peers.
     pub fn set_app_handler(&self, handler: crate::cluster::AppHandler) {

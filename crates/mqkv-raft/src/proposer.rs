@@ -280,6 +280,10 @@ fn approximate_size(entry: &Entry) -> usize {
     const OVERHEAD: usize = 64;
     let payload = match &entry.op {
         Op::ExpireDue | Op::SetLimits(_) => 0,
+        Op::Meta(changes) => changes
+            .iter()
+            .map(|c| c.key.len() + c.value.as_ref().map_or(0, |v| v.len()))
+            .sum(),
         Op::Request(request) => match &request.command {
             Command::Set { key, value, .. } | Command::VDel { key, value } => {
                 key.len() + value.len()

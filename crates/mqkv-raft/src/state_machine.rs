@@ -35,6 +35,10 @@ use crate::types::{
 /// before the write that proposed it returns.
 pub type ApplyHook = Arc<dyn Fn(&Entry, &Applied) + Send + Sync>;
 
+/// Called after a snapshot from another member replaced the whole state:
+/// the entries it covers never reach the [`ApplyHook`].
+pub type InstallHook = Arc<dyn Fn() + Send + Sync>;
+
 /// What the applied entries add up to.
 pub(crate) struct AppliedState {
     pub(crate) machine: StateMachine,
@@ -72,6 +76,7 @@ impl Drop for ThawOnDrop<'_> {
 pub(crate) struct StateShared {
     state: RwLock<AppliedState>,
     hook: OnceLock<ApplyHook>,
+    installed: OnceLock<InstallHook>,
     file: SnapshotFile,
     /// The snapshot read at startup, kept until raft asks for it once so the
     /// (possibly large) data is not read from disk twice.
@@ -101,6 +106,7 @@ impl StateShared {
         StateShared {
             state: RwLock::new(state),
             hook: OnceLock::new(),
+            installed: OnceLock::new(),
             file,
             startup_snapshot: Mutex::new(startup_snapshot),
             counters,
@@ -116,6 +122,12 @@ impl StateShared {
 
     fn write(&self) -> RwLockWriteGuard<'_, AppliedState> {
         self.state.write()
+    }
+
+    /// Starts calling `hook` whenever a snapshot from another member is
+    /// installed. Only the first call counts.
+    pub(crate) fn install_snapshot_hook(&self, hook: InstallHook) {
+        let _ = self.installed.set(hook);
     }
 
     /// Starts calling `hook` for entries applied from now on.
@@ -570,7 +582,11 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let shared = self.shared.clone();
         let meta = meta.clone();
         let data = snapshot.into_inner();
-        blocking(move || shared.install_snapshot(&meta, data)).await
+        blocking(move || shared.install_snapshot(&meta, data)).await?;
+        if let Some(hook) = self.shared.installed.get() {
+            hook();
+        }
+        Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {

@@ -37,6 +37,8 @@ pub enum Op {
     /// are replayed under the old limits and entries after it under the new
     /// ones, on every replica. The node id never changes (versions keep it).
     SetLimits(Limits),
+    /// Change records of the cluster table (see `meta`), in order.
+    Meta(Vec<crate::MetaChange>),
 }
 
 /// The adjustable part of a [`crate::StoreConfig`].

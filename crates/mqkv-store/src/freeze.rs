@@ -99,6 +99,8 @@ pub struct Frozen {
     /// snapshot, and encoding it takes a fraction of the time a copy of it
     /// would (an allocation per remembered answer).
     dedup: Vec<u8>,
+    /// The cluster table, encoded at the freeze (it is small).
+    meta: Vec<u8>,
     keys: usize,
 }
 
@@ -123,6 +125,7 @@ impl StateMachine {
             return Ok(None);
         }
         let dedup = postcard::to_allocvec(&self.dedup)?;
+        let meta = postcard::to_allocvec(&self.meta)?;
         let id = FREEZES.fetch_add(1, Ordering::Relaxed);
         self.frozen.0 = Some(Box::new(Undo {
             id,
@@ -133,6 +136,7 @@ impl StateMachine {
             config: self.config.clone(),
             clock: self.clock.clone(),
             dedup,
+            meta,
             keys: self.keys.len(),
         }))
     }
@@ -244,6 +248,7 @@ impl<R: Fn(&mut dyn FnMut(&StateMachine))> FrozenSnapshot<'_, R> {
         (SNAPSHOT_FORMAT, &self.frozen.config, &self.frozen.clock).serialize(&mut out)?;
         FrozenKeys(self).serialize(&mut out)?;
         out.output.try_extend(&self.frozen.dedup)?;
+        out.output.try_extend(&self.frozen.meta)?;
         out.output.finalize()
     }
 }
@@ -313,6 +318,10 @@ mod tests {
             m.apply(&entry(100, command, ft));
         }
         m.apply(&deduped(100, Command::Del { key: b("k0003") }, "corr"));
+        m.apply(&Entry {
+            now_ms: 100,
+            op: Op::Meta(vec![crate::MetaChange::put(&b"o/a"[..], &b"1"[..])]),
+        });
         m
     }
 
@@ -320,7 +329,7 @@ mod tests {
     /// and absent, some remembered for de-duplication, and expiries.
     fn change(m: &mut StateMachine, rng: &mut Rng, now: u64) {
         let key = format!("k{:04}", rng.below(1_000));
-        let e = match rng.below(6) {
+        let e = match rng.below(7) {
             0 | 1 => entry(now, set_cmd(&key, &format!("w{now}"), None, None), None),
             2 => entry(
                 now,
@@ -329,6 +338,13 @@ mod tests {
             ),
             3 => entry(now, Command::Del { key: b(&key) }, None),
             4 => deduped(now, Command::Del { key: b(&key) }, &format!("c{now}")),
+            5 => Entry {
+                now_ms: now,
+                op: Op::Meta(vec![crate::MetaChange::put(
+                    bytes::Bytes::from(format!("o/{}", rng.below(3))),
+                    bytes::Bytes::from(format!("{now}")),
+                )]),
+            },
             _ => Entry {
                 now_ms: now,
                 op: Op::ExpireDue,

@@ -23,6 +23,7 @@
 //! | `quota` | `max_keys` / `max_bytes` are never exceeded |
 //! | `dedup` | a redelivered write gets its first answer |
 //! | `snapshot` | serialize + deserialize gives an equal machine |
+//! | `meta` | the cluster table is opaque and outside quotas and events |
 //! | `freeze` | a snapshot taken piecewise holds the state of one moment |
 
 mod config;
@@ -34,6 +35,7 @@ mod fencing;
 mod freeze;
 mod get;
 mod machine;
+mod meta;
 mod quota;
 mod scan;
 mod set;
@@ -46,6 +48,7 @@ pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENT
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};
 pub use freeze::{Frozen, FrozenSnapshot, Thawed};
 pub use machine::StateMachine;
+pub use meta::MetaChange;
 pub use scan::SCAN_TOKEN_PREFIX;
 pub use snapshot::{SnapshotCopy, SNAPSHOT_FORMAT};
 pub use validate::validate;

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dedup::DedupTable;
 use crate::freeze::FreezeSlot;
+use crate::meta::MetaTable;
 use crate::set::SetArgs;
 use crate::{validate, Applied, ChangeEvent, ChangeKind, Entry, Op, Request, StoreConfig};
 
@@ -73,6 +74,7 @@ pub struct StateMachine {
     pub(crate) expiry: BTreeSet<(u64, Key)>,
     pub(crate) stored_bytes: u64,
     pub(crate) dedup: DedupTable,
+    pub(crate) meta: MetaTable,
     /// The undo map of a snapshot being taken piecewise (see `freeze`).
     pub(crate) frozen: FreezeSlot,
 }
@@ -88,6 +90,7 @@ impl StateMachine {
             expiry: BTreeSet::new(),
             stored_bytes: 0,
             dedup: DedupTable::default(),
+            meta: MetaTable::default(),
             frozen: FreezeSlot::default(),
         }
     }
@@ -98,6 +101,7 @@ impl StateMachine {
         clock: HlcClock,
         keys: Vec<(Key, Record)>,
         dedup: DedupTable,
+        meta: MetaTable,
     ) -> Self {
         let mut machine = StateMachine {
             config,
@@ -106,6 +110,7 @@ impl StateMachine {
             expiry: BTreeSet::new(),
             stored_bytes: 0,
             dedup,
+            meta,
             frozen: FreezeSlot::default(),
         };
         let own_node = machine.clock.current().node_id;
@@ -178,6 +183,27 @@ impl StateMachine {
         self.stored_bytes
             .saturating_add(PER_KEY.saturating_mul(self.keys.len() as u64))
             .saturating_add(PER_ANSWER.saturating_mul(self.dedup.len() as u64))
+            .saturating_add(self.meta.bytes())
+            .saturating_add(PER_KEY.saturating_mul(self.meta.len() as u64))
+    }
+
+    /// The cluster table's record under `key`.
+    pub fn meta(&self, key: &[u8]) -> Option<&Bytes> {
+        self.meta.get(key)
+    }
+
+    /// The cluster table's records whose key starts with `prefix`, in key
+    /// order.
+    pub fn meta_prefixed<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Bytes, &'a Bytes)> + 'a {
+        self.meta.prefixed(prefix)
+    }
+
+    /// Number of records in the cluster table.
+    pub fn meta_len(&self) -> usize {
+        self.meta.len()
     }
 
     /// Number of remembered answers for de-duplication.
@@ -216,6 +242,10 @@ impl StateMachine {
                 self.config.max_keys = limits.max_keys;
                 self.config.max_bytes = limits.max_bytes;
                 self.config.scan_page_size = limits.scan_page_size;
+                Applied::reply(Response::Ok, None)
+            }
+            Op::Meta(changes) => {
+                self.meta.apply(changes);
                 Applied::reply(Response::Ok, None)
             }
             Op::Request(request) => {
@@ -390,7 +420,7 @@ fn remembered_as(op: &Op) -> Option<&crate::DedupId> {
             .dedup
             .as_ref()
             .filter(|_| request.command.is_write()),
-        Op::ExpireDue | Op::SetLimits(_) => None,
+        Op::ExpireDue | Op::SetLimits(_) | Op::Meta(_) => None,
     }
 }
 

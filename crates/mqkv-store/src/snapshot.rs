@@ -9,16 +9,21 @@
 
 use bytes::Bytes;
 use mqkv_protocol::HlcClock;
-use serde::de::Error as _;
+use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::dedup::DedupTable;
 use crate::machine::{Key, Record};
+use crate::meta::MetaTable;
 use crate::{StateMachine, StoreConfig};
 
 /// Bumped whenever the snapshot layout changes, so an old binary refuses a
-/// newer snapshot instead of misreading it.
-pub const SNAPSHOT_FORMAT: u32 = 1;
+/// newer snapshot instead of misreading it. Format 1 had no cluster table
+/// and is still read.
+pub const SNAPSHOT_FORMAT: u32 = 2;
+
+/// The oldest format still read.
+const OLDEST_FORMAT: u32 = 1;
 
 #[derive(Serialize)]
 struct SnapshotRef<'a, K: Serialize> {
@@ -27,6 +32,7 @@ struct SnapshotRef<'a, K: Serialize> {
     clock: &'a HlcClock,
     keys: K,
     dedup: &'a DedupTable,
+    meta: &'a MetaTable,
 }
 
 struct KeysRef<'a>(&'a std::collections::BTreeMap<Key, Box<Record>>);
@@ -91,6 +97,7 @@ pub struct SnapshotCopy {
     clock: HlcClock,
     keys: Vec<(Key, Record)>,
     dedup: DedupTable,
+    meta: MetaTable,
 }
 
 impl SnapshotCopy {
@@ -104,6 +111,7 @@ impl SnapshotCopy {
                 .map(|(key, record)| (key.clone(), Record::clone(record)))
                 .collect(),
             dedup: machine.dedup.clone(),
+            meta: machine.meta.clone(),
         }
     }
 }
@@ -116,18 +124,61 @@ impl Serialize for SnapshotCopy {
             clock: &self.clock,
             keys: KeysCopied(&self.keys),
             dedup: &self.dedup,
+            meta: &self.meta,
         }
         .serialize(serializer)
     }
 }
 
-#[derive(Deserialize)]
 struct SnapshotOwned {
-    format: u32,
     config: StoreConfig,
     clock: HlcClock,
     keys: Vec<(Bytes, Record)>,
     dedup: DedupTable,
+    meta: MetaTable,
+}
+
+/// The fields of a snapshot in order; the cluster table only from format 2.
+/// (Read as a tuple so that a format-1 snapshot, one field shorter, reads
+/// too: postcard has no field names or lengths to tell them apart by.)
+impl<'de> Deserialize<'de> for SnapshotOwned {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = SnapshotOwned;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a state store snapshot")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<SnapshotOwned, A::Error> {
+                let missing = || A::Error::custom("a truncated state store snapshot");
+                let format: u32 = seq.next_element()?.ok_or_else(missing)?;
+                if !(OLDEST_FORMAT..=SNAPSHOT_FORMAT).contains(&format) {
+                    return Err(A::Error::custom(format_args!(
+                        "unsupported state store snapshot format {format} (expected {OLDEST_FORMAT} to {SNAPSHOT_FORMAT})"
+                    )));
+                }
+                let config = seq.next_element()?.ok_or_else(missing)?;
+                let clock = seq.next_element()?.ok_or_else(missing)?;
+                let keys = seq.next_element()?.ok_or_else(missing)?;
+                let dedup = seq.next_element()?.ok_or_else(missing)?;
+                let meta = if format >= 2 {
+                    seq.next_element()?.ok_or_else(missing)?
+                } else {
+                    MetaTable::default()
+                };
+                Ok(SnapshotOwned {
+                    config,
+                    clock,
+                    keys,
+                    dedup,
+                    meta,
+                })
+            }
+        }
+        deserializer.deserialize_tuple(6, Fields)
+    }
 }
 
 impl Serialize for StateMachine {
@@ -138,6 +189,7 @@ impl Serialize for StateMachine {
             clock: &self.clock,
             keys: KeysRef(&self.keys),
             dedup: &self.dedup,
+            meta: &self.meta,
         }
         .serialize(serializer)
     }
@@ -146,12 +198,6 @@ impl Serialize for StateMachine {
 impl<'de> Deserialize<'de> for StateMachine {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let snapshot = SnapshotOwned::deserialize(deserializer)?;
-        if snapshot.format != SNAPSHOT_FORMAT {
-            return Err(D::Error::custom(format_args!(
-                "unsupported state store snapshot format {} (expected {SNAPSHOT_FORMAT})",
-                snapshot.format
-            )));
-        }
         Ok(StateMachine::from_parts(
             snapshot.config,
             snapshot.clock,
@@ -161,6 +207,7 @@ impl<'de> Deserialize<'de> for StateMachine {
                 .map(|(key, record)| (Key::from(&key[..]), record))
                 .collect(),
             snapshot.dedup,
+            snapshot.meta,
         ))
     }
 }
@@ -295,6 +342,39 @@ mod tests {
             hint <= 2 * actual,
             "hint {hint} far above the snapshot's {actual} bytes"
         );
+    }
+
+    #[test]
+    fn the_cluster_table_is_part_of_the_snapshot() {
+        let mut m = populated();
+        m.apply(&Entry {
+            now_ms: 100,
+            op: Op::Meta(vec![
+                crate::MetaChange::put(&b"o/client"[..], &b"\x01"[..]),
+                crate::MetaChange::put(&b"r/topic"[..], &b"msg"[..]),
+            ]),
+        });
+        let bytes = postcard::to_allocvec(&m).unwrap();
+        let restored: StateMachine = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(restored, m);
+        assert_eq!(restored.meta(b"r/topic").map(|v| &v[..]), Some(&b"msg"[..]));
+        assert_eq!(postcard::to_allocvec(&m.snapshot_copy()).unwrap(), bytes);
+    }
+
+    /// A snapshot written before the cluster table existed (format 1: the
+    /// same fields without it) still reads, with an empty table.
+    #[test]
+    fn a_format_1_snapshot_reads_with_an_empty_cluster_table() {
+        let m = populated();
+        let mut current = postcard::to_allocvec(&m).unwrap();
+        // The empty table is the last byte (a zero-length sequence); the
+        // format is the first.
+        assert_eq!(current.pop(), Some(0));
+        assert_eq!(current[0], 2);
+        current[0] = 1;
+        let restored: StateMachine = postcard::from_bytes(&current).unwrap();
+        assert_eq!(restored, m);
+        assert_eq!(restored.meta_len(), 0);
     }
 
     #[test]
