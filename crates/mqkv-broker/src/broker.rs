@@ -408,11 +408,23 @@ impl Inner {
         }
     }
 
+    /// Drops every retained message.
+    pub(crate) fn clear_retained(&self) {
+        self.retained.write().clear();
+        self.touch();
+    }
+
     /// Routes a message to every matching subscription here and updates the retained store.
     pub fn route_local(&self, msg: Arc<Message>) -> usize {
         if msg.retain {
             self.retain(msg.clone());
         }
+        self.deliver_local(msg)
+    }
+
+    /// Routes a message to every matching subscription here, leaving the retained store as it
+    /// is.
+    pub(crate) fn deliver_local(&self, msg: Arc<Message>) -> usize {
         let mut targets: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         {
             let subs = self.subs.read();
@@ -614,6 +626,7 @@ impl Inner {
             st.pending_will = None;
         }
         self.touch();
+        self.session_changed(client_id);
         Attached {
             session,
             session_present: present,
@@ -621,7 +634,7 @@ impl Inner {
     }
 
     /// Removes a session's subscriptions from the index.
-    fn drop_subscriptions(&self, session: &Arc<Session>) {
+    pub(crate) fn drop_subscriptions(&self, session: &Arc<Session>) {
         let filters: Vec<String> = session.state.lock().subscriptions.keys().cloned().collect();
         let mut subs = self.subs.write();
         for f in &filters {
@@ -667,6 +680,7 @@ impl Inner {
         if !existed {
             self.filters_changed();
         }
+        self.session_changed(&session.client_id);
         existed
     }
 
@@ -682,6 +696,7 @@ impl Inner {
         if removed {
             self.filters_changed();
         }
+        self.session_changed(&session.client_id);
         removed
     }
 
@@ -715,6 +730,7 @@ impl Inner {
             }
             self.drop_subscriptions(session);
             drop(sessions);
+            self.session_changed(&session.client_id);
             if let Some((m, _)) = will {
                 self.route(m);
             }
@@ -773,6 +789,9 @@ impl Inner {
             if !ended.is_empty() {
                 self.touch();
             }
+        }
+        for s in &ended {
+            self.session_changed(&s.client_id);
         }
         for w in wills {
             self.route(w);

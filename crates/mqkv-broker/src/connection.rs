@@ -272,6 +272,24 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
     let notify = link.notify.clone();
     let handover = link.handover.clone();
     let relocate = link.relocate.clone();
+    if let Some(federation) = inner.federation.get() {
+        let claim = crate::replicated::Claim {
+            client_id: client_id.to_string(),
+            conn_id,
+            clean_start: connect.clean_start,
+            expiry_interval: expiry,
+        };
+        match federation.claim(claim).await {
+            Ok(Some(record)) if !connect.clean_start => inner.restore(&client_id, record),
+            Ok(_) => {}
+            Err(code) => {
+                tracing::info!(%peer, client_id = %client_id, code, "connection refused by the cluster");
+                let out = refuse(code).await;
+                let _ = wr.write_all(&out).await;
+                return;
+            }
+        }
+    }
     inner.hand_over(&client_id).await;
     let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
     let session = attached.session;

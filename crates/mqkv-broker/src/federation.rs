@@ -17,6 +17,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{Properties, QoS};
+pub use crate::replicated::{Claim, SessionRecord};
 use crate::session::{Message, Session};
 use crate::{topic, Broker};
 
@@ -29,7 +30,20 @@ pub trait Federation: Send + Sync + 'static {
     /// A subscription was added or removed on this node (see
     /// [`crate::Broker::subscribed_filters`]).
     fn filters_changed(&self);
+
+    /// A client is connecting here (see [`crate::replicated`]): the cluster makes this
+    /// connection the one owner of its client id, taking the id over from any other node.
+    /// Answers the session the cluster keeps for the id, if any, for a connection that does
+    /// not start clean, or the reason code to refuse the connection with.
+    fn claim(&self, claim: Claim) -> ClaimFuture;
+
+    /// The session of `client_id` here was attached, subscribed, unsubscribed or ended.
+    fn session_changed(&self, client_id: &str);
 }
+
+/// What [`Federation::claim`] answers.
+pub type ClaimFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<SessionRecord>, u8>> + Send>>;
 
 impl Broker {
     /// Joins this broker to others (see [`crate::federation`]). Only the first call counts.
@@ -37,9 +51,11 @@ impl Broker {
         let _ = self.inner.federation.set(federation);
     }
 
-    /// Routes a message another node forwarded: to the subscriptions here only.
+    /// Routes a message another node forwarded: to the subscriptions here only. A retained
+    /// message is not stored: the cluster sets retained messages on every node itself (see
+    /// [`Broker::set_retained`]).
     pub fn route_from_peer(&self, message: Message) -> usize {
-        self.inner.route_local(Arc::new(message))
+        self.inner.deliver_local(Arc::new(message))
     }
 
     /// Every topic filter some session here subscribes to (shared subscriptions by their

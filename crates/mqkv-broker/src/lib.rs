@@ -15,6 +15,7 @@ mod connection;
 pub mod federation;
 pub mod persist;
 mod quickack;
+pub mod replicated;
 pub mod service;
 mod session;
 pub mod subtree;

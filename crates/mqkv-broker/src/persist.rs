@@ -17,7 +17,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::broker::Inner;
-use crate::codec::{Properties, QoS, SubscriptionOptions};
+use crate::codec::{Properties, QoS};
 use crate::session::{Delivery, Inflight, Message, PendingWill, Session};
 
 /// Format version of [`BrokerState`]; bump on any incompatible change.
@@ -179,14 +179,7 @@ impl Inner {
             let subscriptions = st
                 .subscriptions
                 .iter()
-                .map(|(f, (o, id))| StoredSubscription {
-                    filter: f.clone(),
-                    qos: o.qos as u8,
-                    no_local: o.no_local,
-                    retain_as_published: o.retain_as_published,
-                    retain_handling: o.retain_handling,
-                    identifier: *id,
-                })
+                .map(|(f, (o, id))| StoredSubscription::of(f, o, *id))
                 .collect();
             let queue = st.queue.iter().map(|d| ex.delivery(d)).collect();
             let inflight = st
@@ -266,12 +259,9 @@ impl Inner {
             let session = Arc::new(Session::new(client_id.clone()));
             let mut subscriptions = Vec::new();
             for sub in s.subscriptions {
-                let options = SubscriptionOptions {
-                    qos: QoS::from_u8(sub.qos).ok_or(ImportError::Corrupt("subscription qos"))?,
-                    no_local: sub.no_local,
-                    retain_as_published: sub.retain_as_published,
-                    retain_handling: sub.retain_handling,
-                };
+                let options = sub
+                    .options()
+                    .ok_or(ImportError::Corrupt("subscription qos"))?;
                 subscriptions.push((sub.filter, options, sub.identifier));
             }
             {

@@ -6,21 +6,25 @@
 //! message published here goes to the nodes with a matching filter only, over the cluster's
 //! authenticated links, where it is routed to local subscribers and never forwarded again, so
 //! it is delivered once. Messages from one node to another arrive in the order they were
-//! published. A retained message goes to every node, so each keeps it for later subscribers.
+//! published. Retained messages, client-id ownership and persistent sessions are kept in the
+//! replicated log (see `replicated`).
 //!
 //! What this does not give: a subscription made on one node takes effect on the others a
 //! moment later (one message between the nodes); a message in flight to a node that dies is
-//! lost with it; a retained message set while a node was down is not sent to it afterwards.
+//! lost with it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use mqkv_broker::federation::{Federation, ForwardedMessage};
+use mqkv_broker::federation::{ClaimFuture, Federation, ForwardedMessage};
+use mqkv_broker::replicated::Claim;
 use mqkv_broker::{topic, Broker, Message};
 use mqkv_raft::{NodeId, StoreNode};
 use parking_lot::RwLock;
 use tokio::sync::Notify;
+
+use crate::replicated::ReplicatedBroker;
 
 /// Channel of a node's subscribed filters.
 const ROUTES: u8 = 1;
@@ -35,15 +39,21 @@ pub struct ClusterFederation {
     /// The filters each other node subscribes to, as it last said.
     routes: RwLock<HashMap<NodeId, Vec<String>>>,
     changed: Notify,
+    replicated: Arc<ReplicatedBroker>,
 }
 
 impl ClusterFederation {
     /// Joins `broker` to the other nodes of `node`'s cluster.
-    pub fn start(broker: &Broker, node: StoreNode) -> Arc<ClusterFederation> {
+    pub fn start(
+        broker: &Broker,
+        node: StoreNode,
+        replicated: Arc<ReplicatedBroker>,
+    ) -> Arc<ClusterFederation> {
         let federation = Arc::new(ClusterFederation {
             node: node.clone(),
             routes: RwLock::new(HashMap::new()),
             changed: Notify::new(),
+            replicated,
         });
         let broker_for_peers = broker.clone();
         let weak_self: Weak<ClusterFederation> = Arc::downgrade(&federation);
@@ -92,16 +102,16 @@ impl ClusterFederation {
 
 impl Federation for ClusterFederation {
     fn forward(&self, message: &Arc<Message>) -> usize {
-        let targets: Vec<NodeId> = if message.retain {
-            self.node.peer_ids()
-        } else {
-            self.routes
-                .read()
-                .iter()
-                .filter(|(_, filters)| filters.iter().any(|f| topic::matches(f, &message.topic)))
-                .map(|(id, _)| *id)
-                .collect()
-        };
+        if message.retain {
+            self.replicated.retained_published(message);
+        }
+        let targets: Vec<NodeId> = self
+            .routes
+            .read()
+            .iter()
+            .filter(|(_, filters)| filters.iter().any(|f| topic::matches(f, &message.topic)))
+            .map(|(id, _)| *id)
+            .collect();
         if targets.is_empty() {
             return 0;
         }
@@ -120,6 +130,15 @@ impl Federation for ClusterFederation {
 
     fn filters_changed(&self) {
         self.changed.notify_one();
+    }
+
+    fn claim(&self, claim: Claim) -> ClaimFuture {
+        let replicated = self.replicated.clone();
+        Box::pin(async move { replicated.claim(claim).await })
+    }
+
+    fn session_changed(&self, client_id: &str) {
+        self.replicated.session_changed(client_id);
     }
 }
 

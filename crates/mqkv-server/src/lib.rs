@@ -4,9 +4,11 @@ pub mod admin;
 pub mod config;
 pub mod federation;
 pub mod persistence;
+pub mod replicated;
 pub mod statestore;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mqkv_broker::Broker;
@@ -79,6 +81,11 @@ impl Server {
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
         let notifier = statestore::Notifier::new(&broker);
+        let replicated_cell = Arc::new(std::sync::OnceLock::new());
+        let hook = match cluster {
+            Some(_) => replicated::hook(notifier.hook(), replicated_cell.clone()),
+            None => notifier.hook(),
+        };
         // A node of a cluster runs raft on a thread of its own: its links to the other nodes
         // and their requests are served there, and must not wait behind client connections.
         let share = cluster.is_none()
@@ -103,7 +110,7 @@ impl Server {
                     cluster: cluster.clone(),
                     ..mqkv_raft::NodeOptions::memory()
                 };
-                StoreNode::open_memory_with(store_config, notifier.hook(), options).await?
+                StoreNode::open_memory_with(store_config, hook, options).await?
             }
             StorageKind::Disk => {
                 let options = mqkv_raft::NodeOptions {
@@ -114,8 +121,7 @@ impl Server {
                     cluster: cluster.clone(),
                     ..mqkv_raft::NodeOptions::default()
                 };
-                StoreNode::open_disk_with(&config.data_dir, store_config, notifier.hook(), options)
-                    .await?
+                StoreNode::open_disk_with(&config.data_dir, store_config, hook, options).await?
             }
         };
         // Limits from the configuration take effect through the log, so that entries written
@@ -142,7 +148,9 @@ impl Server {
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
         admin::AdminService::start(&broker, node.clone(), fault_injection);
         if node.is_clustered() {
-            federation::ClusterFederation::start(&broker, node.clone());
+            let replicated =
+                replicated::ReplicatedBroker::start(&broker, node.clone(), &replicated_cell);
+            federation::ClusterFederation::start(&broker, node.clone(), replicated);
         }
         let mut listeners = Vec::new();
         for addr in &config.listen {
