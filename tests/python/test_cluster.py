@@ -177,3 +177,32 @@ def test_a_v5_client_connecting_to_any_node_gets_a_session(cluster):
         c = Paho(node, f"plain-{node.port}", version=V5)
         assert c.connected.is_set()
         c.disconnect()
+
+
+def test_a_shared_subscription_balances_across_nodes_and_delivers_once(cluster):
+    members = [Paho(node, f"member-{i}") for i, node in enumerate(cluster)]
+    for m in members:
+        assert m.subscribe("$share/workers/jobs/#", qos=1) == [1]
+    plain = Paho(cluster[1], "plain-jobs")
+    assert plain.subscribe("jobs/#", qos=1) == [1]
+    pub = Paho(cluster[0], "pub-jobs")
+
+    # Until every node knows every group member, probes go to the members it knows.
+    def all_members_reached():
+        pub.publish("jobs/probe", b"probe", qos=1)
+        return all(not m.messages.empty() for m in members)
+
+    wait_for(all_members_reached, timeout=10, interval=0.05, what="probes at every member")
+    time.sleep(0.3)
+    for c in (*members, plain):
+        c.drain(quiet=0.3)
+
+    n = 60
+    for i in range(n):
+        pub.publish("jobs/x", str(i).encode(), qos=1)
+    assert sorted(int(m.payload) for m in plain.collect(n, timeout=10)) == list(range(n))
+    got = [[int(m.payload) for m in member.drain(quiet=0.7)] for member in members]
+    everything = sorted(p for mine in got for p in mine)
+    assert everything == list(range(n)), f"each message once across the group: {got}"
+    # The publishing node hands the group's turn to each node in rotation.
+    assert all(len(mine) >= n // 6 for mine in got), [len(mine) for mine in got]

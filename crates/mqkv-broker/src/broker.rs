@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::auth::{Authenticator, DefaultAuthenticator};
 use crate::codec::SubscriptionOptions;
 use crate::config::BrokerConfig;
+use crate::federation::SharedHere;
 use crate::service::{ClientIdentity, OutboundMessage, Service};
 use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Session};
 use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
@@ -394,11 +395,18 @@ impl Inner {
     /// cluster, hands it to the other nodes; returns how many sessions here and nodes elsewhere
     /// it went to.
     pub fn route(&self, msg: Arc<Message>) -> usize {
-        let here = self.route_local(msg.clone());
-        match self.federation.get() {
-            Some(federation) => here + federation.forward(&msg),
-            None => here,
+        let Some(federation) = self.federation.get() else {
+            return self.route_local(msg);
+        };
+        let forwarded = federation.forward(&msg);
+        if msg.retain {
+            self.retain(msg.clone());
         }
+        let shared = match &forwarded.shared_here {
+            None => SharedHere::All,
+            Some(keys) => SharedHere::Only(keys),
+        };
+        self.deliver_local(msg, shared) + forwarded.nodes
     }
 
     /// Tells the other nodes, if any, that this node's subscribed filters may have changed.
@@ -419,12 +427,12 @@ impl Inner {
         if msg.retain {
             self.retain(msg.clone());
         }
-        self.deliver_local(msg)
+        self.deliver_local(msg, SharedHere::All)
     }
 
-    /// Routes a message to every matching subscription here, leaving the retained store as it
-    /// is.
-    pub(crate) fn deliver_local(&self, msg: Arc<Message>) -> usize {
+    /// Routes a message to every matching plain subscription here and to the shared groups
+    /// `shared` names, leaving the retained store as it is.
+    pub(crate) fn deliver_local(&self, msg: Arc<Message>, shared: SharedHere<'_>) -> usize {
         let mut targets: SmallVec<[(Arc<Session>, Delivery); 4]> = SmallVec::new();
         {
             let subs = self.subs.read();
@@ -476,6 +484,11 @@ impl Inner {
                 i = j;
             }
             for group in m.shared {
+                if let SharedHere::Only(keys) = shared {
+                    if !keys.iter().any(|k| **k == *group.key) {
+                        continue;
+                    }
+                }
                 // Prefer a connected member; a group with none online still gets the message
                 // queued at the next member in turn.
                 let mut chosen = None;

@@ -19,16 +19,19 @@ use serde::{Deserialize, Serialize};
 use crate::codec::{Properties, QoS};
 pub use crate::replicated::{Claim, SessionRecord};
 use crate::session::{Message, Session};
+use crate::subtree::shared_key;
 use crate::{topic, Broker};
 
 /// The other nodes, as the broker sees them.
 pub trait Federation: Send + Sync + 'static {
-    /// A message published on this node (by a client, a will or a service), already routed
-    /// here. Returns how many other nodes it was sent to.
-    fn forward(&self, message: &Arc<Message>) -> usize;
+    /// A message published on this node (by a client, a will or a service), about to be routed
+    /// here. Sends it to the other nodes that get it, and says which of this node's shared
+    /// groups get it: one member of a shared group across all nodes receives each message, so
+    /// the federation picks the node of each matching group.
+    fn forward(&self, message: &Arc<Message>) -> Forwarded;
 
     /// A subscription was added or removed on this node (see
-    /// [`crate::Broker::subscribed_filters`]).
+    /// [`crate::Broker::subscribed_routes`]).
     fn filters_changed(&self);
 
     /// A client is connecting here (see [`crate::replicated`]): the cluster makes this
@@ -41,6 +44,58 @@ pub trait Federation: Send + Sync + 'static {
     fn session_changed(&self, client_id: &str);
 }
 
+/// See [`Broker::downgrade`].
+#[derive(Clone)]
+pub struct WeakBroker(std::sync::Weak<crate::broker::Inner>);
+
+impl WeakBroker {
+    pub fn upgrade(&self) -> Option<Broker> {
+        self.0.upgrade().map(|inner| Broker { inner })
+    }
+}
+
+/// What [`Federation::forward`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Forwarded {
+    /// How many other nodes the message went to.
+    pub nodes: usize,
+    /// The keys of the shared groups here that get the message ([`crate::subtree::shared_key`]),
+    /// or `None` for every matching one.
+    pub shared_here: Option<Vec<String>>,
+}
+
+/// Which of the matching shared groups on this node get a message.
+#[derive(Debug, Clone, Copy)]
+pub enum SharedHere<'a> {
+    All,
+    /// Only those with these keys.
+    Only(&'a [String]),
+}
+
+/// What a node subscribes to, as it tells the other nodes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routes {
+    /// Filters of plain subscriptions.
+    pub plain: Vec<String>,
+    /// Keys of shared groups (`<group>/<filter>`).
+    pub shared: Vec<String>,
+}
+
+impl Routes {
+    /// Whether a plain subscription here matches `topic`.
+    pub fn plain_matches(&self, topic: &str) -> bool {
+        self.plain.iter().any(|f| crate::topic::matches(f, topic))
+    }
+
+    /// The shared groups here that match `topic`.
+    pub fn shared_matching<'a>(&'a self, topic: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.shared.iter().map(String::as_str).filter(move |key| {
+            key.split_once('/')
+                .is_some_and(|(_, filter)| crate::topic::matches(filter, topic))
+        })
+    }
+}
+
 /// What [`Federation::claim`] answers.
 pub type ClaimFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<SessionRecord>, u8>> + Send>>;
@@ -51,26 +106,48 @@ impl Broker {
         let _ = self.inner.federation.set(federation);
     }
 
-    /// Routes a message another node forwarded: to the subscriptions here only. A retained
-    /// message is not stored: the cluster sets retained messages on every node itself (see
-    /// [`Broker::set_retained`]).
-    pub fn route_from_peer(&self, message: Message) -> usize {
-        self.inner.deliver_local(Arc::new(message))
+    /// Routes a message another node forwarded: to the plain subscriptions here and to the
+    /// shared groups `shared` names (by key). A retained message is not stored: the cluster
+    /// sets retained messages on every node itself (see [`Broker::set_retained`]).
+    pub fn route_from_peer(&self, message: Message, shared: &[String]) -> usize {
+        self.inner
+            .deliver_local(Arc::new(message), SharedHere::Only(shared))
     }
 
-    /// Every topic filter some session here subscribes to (shared subscriptions by their
-    /// filter), each once, in order.
-    pub fn subscribed_filters(&self) -> Vec<String> {
+    /// Every topic filter and shared group some session here subscribes to, each once, in
+    /// order.
+    pub fn subscribed_routes(&self) -> Routes {
         let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
-        let mut filters = std::collections::BTreeSet::new();
+        let mut plain = std::collections::BTreeSet::new();
+        let mut shared = std::collections::BTreeSet::new();
         for session in sessions {
             for f in session.state.lock().subscriptions.keys() {
-                if let Some(spec) = topic::parse_filter(f) {
-                    filters.insert(spec.filter.to_owned());
-                }
+                match topic::parse_filter(f) {
+                    Some(spec) => match spec.group {
+                        Some(group) => shared.insert(shared_key(group, spec.filter)),
+                        None => plain.insert(spec.filter.to_owned()),
+                    },
+                    None => false,
+                };
             }
         }
-        filters.into_iter().collect()
+        Routes {
+            plain: plain.into_iter().collect(),
+            shared: shared.into_iter().collect(),
+        }
+    }
+
+    /// A handle that does not keep the broker alive (for what the broker itself holds).
+    pub fn downgrade(&self) -> WeakBroker {
+        WeakBroker(Arc::downgrade(&self.inner))
+    }
+
+    /// The keys of the shared groups here that `topic` matches.
+    pub fn shared_groups_matching(&self, topic: &str) -> Vec<String> {
+        let subs = self.inner.subs.read();
+        let mut m = crate::subtree::Matches::default();
+        subs.matches(topic, &mut m);
+        m.shared.iter().map(|g| g.key.to_string()).collect()
     }
 }
 

@@ -30,20 +30,26 @@ pub type Member<T> = (ClientId, SubEntry, T);
 
 #[derive(Debug)]
 pub struct SharedGroup<T> {
+    /// `<group>/<filter>`: names the group among every node's groups (see [`shared_key`]).
+    pub key: Box<str>,
     pub members: Vec<Member<T>>,
     cursor: AtomicUsize,
 }
 
-impl<T> Default for SharedGroup<T> {
-    fn default() -> Self {
+/// The name of shared group `group` of `filter` across nodes.
+pub fn shared_key(group: &str, filter: &str) -> String {
+    format!("{group}/{filter}")
+}
+
+impl<T> SharedGroup<T> {
+    fn new(group: &str, filter: &str) -> Self {
         SharedGroup {
+            key: shared_key(group, filter).into(),
             members: Vec::new(),
             cursor: AtomicUsize::new(0),
         }
     }
-}
 
-impl<T> SharedGroup<T> {
     /// Rotates the group's cursor and returns the members starting from it.
     pub fn rotation(&self) -> impl Iterator<Item = &Member<T>> {
         let n = self.members.len().max(1);
@@ -161,7 +167,10 @@ impl<T> SubTree<T> {
         let existed = match group {
             None => node.direct.insert(client.clone(), (e, handle)).is_some(),
             Some(g) => {
-                let grp = node.shared.entry(g.into()).or_default();
+                let grp = node
+                    .shared
+                    .entry(g.into())
+                    .or_insert_with(|| SharedGroup::new(g, filter));
                 if let Some(slot) = grp.members.iter_mut().find(|(c, _, _)| c == client) {
                     slot.1 = e;
                     slot.2 = handle;
