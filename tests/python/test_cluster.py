@@ -206,3 +206,29 @@ def test_a_shared_subscription_balances_across_nodes_and_delivers_once(cluster):
     assert everything == list(range(n)), f"each message once across the group: {got}"
     # The publishing node hands the group's turn to each node in rotation.
     assert all(len(mine) >= n // 6 for mine in got), [len(mine) for mine in got]
+
+
+def test_a_dead_nodes_clients_wills_are_published_by_the_survivors(cluster):
+    leader = status(cluster[0])["leader"]
+    doomed = next(n for i, n in enumerate(cluster) if i + 1 != leader)
+    watcher_node = next(n for n in cluster if n is not doomed)
+    watcher = Paho(watcher_node, "will-watcher")
+    assert watcher.subscribe("wills/#", qos=1) == [1]
+
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=60)
+    Paho(doomed, "mortal", will={"topic": "wills/mortal", "payload": b"gone", "qos": 1})
+    # A will delayed by 3 s whose client comes back on another node in time: cancelled.
+    delayed_will = props(PacketTypes.WILLMESSAGE, WillDelayInterval=3)
+    Paho(doomed, "returning", properties=expiry,
+         will={"topic": "wills/returning", "payload": b"gone", "qos": 1,
+               "properties": delayed_will})
+    time.sleep(0.5)  # the wills reach the log
+
+    doomed.proc.kill()
+    doomed.proc.wait()
+    doomed.stopped = True
+    Paho(watcher_node, "returning", clean_start=False, properties=expiry)
+
+    m = watcher.get(timeout=20)
+    assert (m.topic, m.payload) == ("wills/mortal", b"gone")
+    watcher.expect_nothing(within=5)

@@ -716,6 +716,12 @@ impl Inner {
     /// Detaches a closed connection. `will` is published now, later, or never, as the will
     /// delay and the session's fate decide.
     pub fn detach(&self, session: &Arc<Session>, conn_id: u64, will: Option<(Arc<Message>, u32)>) {
+        self.detach_here(session, conn_id, will);
+        // Whatever became of the session, the cluster no longer keeps this connection's will.
+        self.session_changed(&session.client_id);
+    }
+
+    fn detach_here(&self, session: &Arc<Session>, conn_id: u64, will: Option<(Arc<Message>, u32)>) {
         let now = Instant::now();
         self.touch();
         let mut sessions = self.sessions.lock();
@@ -743,7 +749,6 @@ impl Inner {
             }
             self.drop_subscriptions(session);
             drop(sessions);
-            self.session_changed(&session.client_id);
             if let Some((m, _)) = will {
                 self.route(m);
             }

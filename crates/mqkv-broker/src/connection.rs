@@ -278,6 +278,12 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
             conn_id,
             clean_start: connect.clean_start,
             expiry_interval: expiry,
+            will: will
+                .as_ref()
+                .map(|(m, delay)| crate::replicated::WillRecord {
+                    message: crate::persist::StoredMessage::of(m),
+                    delay: *delay,
+                }),
         };
         match federation.claim(claim).await {
             Ok(Some(record)) if !connect.clean_start => inner.restore(&client_id, record),

@@ -30,6 +30,17 @@ pub struct Claim {
     pub clean_start: bool,
     /// The session expiry interval granted.
     pub expiry_interval: u32,
+    /// The connection's will, if it has one.
+    pub will: Option<WillRecord>,
+}
+
+/// A will as the cluster keeps it while its connection is open, so that another node can
+/// publish it if this node dies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WillRecord {
+    pub message: StoredMessage,
+    /// The will delay interval, in seconds.
+    pub delay: u32,
 }
 
 /// What a cluster keeps of a persistent session: enough to resume it on any node.
@@ -125,6 +136,31 @@ impl Broker {
             expiry_interval: st.expiry_interval,
             subscriptions,
         })
+    }
+
+    /// Whether connection `conn_id` is the one connected to `client_id`'s session here.
+    pub fn is_connected(&self, client_id: &str, conn_id: u64) -> bool {
+        let Some(session) = self.inner.sessions.lock().get(client_id).cloned() else {
+            return false;
+        };
+        let st = session.state.lock();
+        st.link.as_ref().is_some_and(|l| l.conn_id == conn_id)
+    }
+
+    /// Routes a message as if a client here had published it (a will another node could not
+    /// publish).
+    pub fn route_message(&self, message: Message) -> usize {
+        self.inner.route(Arc::new(message))
+    }
+
+    /// The client ids of every session here.
+    pub fn session_ids(&self) -> Vec<String> {
+        self.inner
+            .sessions
+            .lock()
+            .keys()
+            .map(|id| id.to_string())
+            .collect()
     }
 
     /// Whether `client_id` has a session here, connected or not.

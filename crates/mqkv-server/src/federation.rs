@@ -94,6 +94,7 @@ impl ClusterFederation {
             ROUTES => match postcard::from_bytes::<Routes>(bytes) {
                 Ok(routes) => {
                     self.routes.write().insert(from, routes);
+                    self.replicated.heard_from(from);
                 }
                 Err(e) => {
                     tracing::warn!(node = from, error = %e, "filters from a peer do not decode")

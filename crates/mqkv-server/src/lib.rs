@@ -6,6 +6,7 @@ pub mod federation;
 pub mod persistence;
 pub mod replicated;
 pub mod statestore;
+pub mod survivor;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

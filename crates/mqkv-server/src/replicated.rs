@@ -11,7 +11,9 @@
 //! - a client connecting with clean start 0 to a node that does not have its session gets the
 //!   subscriptions the cluster kept, and session present 1;
 //! - a retained message is stored by every node as its record is applied, and a node that
-//!   restarts or installs a snapshot reloads them all from the table.
+//!   restarts or installs a snapshot reloads them all from the table;
+//! - a connection's will is kept under `w/<client id>` while it is open, so that the others
+//!   can publish it if its node dies (see `survivor`).
 //!
 //! A node cut off from the quorum still accepts connections (after [`CLAIM_WAIT`]): the
 //! broker stays available to the clients that reach it, and the cluster cannot vouch for their
@@ -27,16 +29,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use mqkv_broker::codec::reason;
 use mqkv_broker::persist::StoredMessage;
-use mqkv_broker::replicated::{Claim, SessionRecord};
+use mqkv_broker::replicated::{Claim, SessionRecord, WillRecord};
 use mqkv_broker::{Broker, Message};
 use mqkv_raft::{ApplyHook, NodeId, StoreNode, WriteError};
 use mqkv_store::{Entry, MetaChange, Op};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-const OWNER: &[u8] = b"o/";
-const SESSION: &[u8] = b"s/";
+pub(crate) const OWNER: &[u8] = b"o/";
+pub(crate) const SESSION: &[u8] = b"s/";
 const RETAINED: &[u8] = b"r/";
+pub(crate) const WILL: &[u8] = b"w/";
 
 /// Longest a connection waits for its client id to be claimed before it is accepted anyway.
 pub const CLAIM_WAIT: Duration = Duration::from_secs(2);
@@ -46,24 +49,31 @@ const MAX_BATCH: usize = 1024;
 
 /// Who owns a client id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-struct Owner {
-    node: NodeId,
-    conn: u64,
+pub(crate) struct Owner {
+    pub(crate) node: NodeId,
+    pub(crate) conn: u64,
 }
 
-fn key(prefix: &[u8], name: &str) -> Bytes {
+/// The will of an open connection, and whose it is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct KeptWill {
+    pub(crate) owner: Owner,
+    pub(crate) will: WillRecord,
+}
+
+pub(crate) fn key(prefix: &[u8], name: &str) -> Bytes {
     let mut k = Vec::with_capacity(prefix.len() + name.len());
     k.extend_from_slice(prefix);
     k.extend_from_slice(name.as_bytes());
     Bytes::from(k)
 }
 
-fn name(key: &[u8], prefix: &[u8]) -> Option<String> {
+pub(crate) fn name(key: &[u8], prefix: &[u8]) -> Option<String> {
     let rest = key.strip_prefix(prefix)?;
     std::str::from_utf8(rest).ok().map(str::to_owned)
 }
 
-fn encode<T: Serialize>(value: &T) -> Option<Bytes> {
+pub(crate) fn encode<T: Serialize>(value: &T) -> Option<Bytes> {
     match postcard::to_stdvec(value) {
         Ok(bytes) => Some(Bytes::from(bytes)),
         Err(e) => {
@@ -80,10 +90,12 @@ enum Work {
 
 /// The broker's records in the log.
 pub struct ReplicatedBroker {
-    broker: Broker,
-    node: StoreNode,
+    pub(crate) broker: Broker,
+    pub(crate) node: StoreNode,
     me: NodeId,
     work: mpsc::UnboundedSender<Work>,
+    /// When each other node was last heard from (see [`Self::heard_from`]).
+    heard: parking_lot::Mutex<std::collections::HashMap<NodeId, std::time::Instant>>,
 }
 
 impl ReplicatedBroker {
@@ -100,6 +112,7 @@ impl ReplicatedBroker {
             me: node.node_id(),
             node: node.clone(),
             work: tx,
+            heard: parking_lot::Mutex::new(std::collections::HashMap::new()),
         });
         // Installed before the table is read, so no change falls between the two.
         let _ = cell.set(me.clone());
@@ -110,7 +123,9 @@ impl ReplicatedBroker {
             }
         }));
         me.reload_retained();
+        me.drop_sessions_owned_elsewhere();
         tokio::spawn(write_loop(Arc::downgrade(&me), rx));
+        tokio::spawn(crate::survivor::watch(Arc::downgrade(&me)));
         me
     }
 
@@ -127,6 +142,20 @@ impl ReplicatedBroker {
             "retained messages loaded from the cluster"
         );
         self.broker.replace_retained(messages);
+    }
+
+    /// Ends the sessions this node kept from before a restart whose clients another node took
+    /// over meanwhile.
+    fn drop_sessions_owned_elsewhere(&self) {
+        for client_id in self.broker.session_ids() {
+            let owner = self.node.read(|m| {
+                m.meta(&key(OWNER, &client_id))
+                    .and_then(|v| postcard::from_bytes::<Owner>(v).ok())
+            });
+            if owner.is_some_and(|o| o.node != self.me) {
+                self.broker.evict(&client_id);
+            }
+        }
     }
 
     /// What applying `changes` means here.
@@ -163,6 +192,14 @@ impl ReplicatedBroker {
         let mut changes = vec![MetaChange::put(key(OWNER, &claim.client_id), value)];
         if claim.clean_start {
             changes.push(MetaChange::delete(key(SESSION, &claim.client_id)));
+        }
+        let will_key = key(WILL, &claim.client_id);
+        match claim.will.clone() {
+            Some(will) => match encode(&KeptWill { owner, will }) {
+                Some(v) => changes.push(MetaChange::put(will_key, v)),
+                None => changes.push(MetaChange::delete(will_key)),
+            },
+            None => changes.push(MetaChange::delete(will_key)),
         }
         match tokio::time::timeout(CLAIM_WAIT, self.write(changes)).await {
             Ok(Ok(())) => {}
@@ -204,19 +241,36 @@ impl ReplicatedBroker {
         let _ = self.work.send(Work::Retained(change));
     }
 
-    /// The changes that make the session record of `client_id` what it is here.
+    /// Another node was heard from (its routes arrive every second).
+    pub fn heard_from(&self, node: NodeId) {
+        self.heard.lock().insert(node, std::time::Instant::now());
+    }
+
+    pub(crate) fn last_heard(&self, node: NodeId) -> Option<std::time::Instant> {
+        self.heard.lock().get(&node).copied()
+    }
+
+    /// The changes that make the records of `client_id` what its session is here.
     fn session_changes(&self, client_id: &str, changes: &mut Vec<MetaChange>) {
-        let (owner, stored) = self.node.read(|m| {
+        let (owner, stored, will) = self.node.read(|m| {
             (
                 m.meta(&key(OWNER, client_id))
                     .and_then(|v| postcard::from_bytes::<Owner>(v).ok()),
                 m.meta(&key(SESSION, client_id)).cloned(),
+                m.meta(&key(WILL, client_id))
+                    .and_then(|v| postcard::from_bytes::<KeptWill>(v).ok()),
             )
         });
         if owner.is_some_and(|o| o.node != self.me) {
             // Another node took it over after this node accepted the connection.
             self.broker.evict(client_id);
             return;
+        }
+        if let Some(kept) = will {
+            // This node publishes the will of a connection it saw close, or drops it.
+            if kept.owner.node == self.me && !self.broker.is_connected(client_id, kept.owner.conn) {
+                changes.push(MetaChange::delete(key(WILL, client_id)));
+            }
         }
         match self.broker.session_record(client_id) {
             Some(record) => {
@@ -238,7 +292,7 @@ impl ReplicatedBroker {
         }
     }
 
-    async fn write(&self, changes: Vec<MetaChange>) -> Result<(), WriteError> {
+    pub(crate) async fn write(&self, changes: Vec<MetaChange>) -> Result<(), WriteError> {
         let entry = Entry {
             now_ms: crate::statestore::now_ms(),
             op: Op::Meta(changes),
