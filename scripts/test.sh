@@ -8,11 +8,13 @@ sudo_cmd=""
 if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
 
 # Debian packages: the mosquitto command-line clients are real peers in the interop tests;
-# Mosquitto and Redis are the benchmark's side-by-side anchors (its smoke test runs them).
+# Mosquitto and Redis are the benchmark's side-by-side anchors, and etcd its cluster anchor
+# (its smoke tests run them).
 missing=()
 command -v mosquitto_rr >/dev/null 2>&1 || missing+=(mosquitto-clients)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"

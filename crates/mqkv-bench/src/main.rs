@@ -3,6 +3,8 @@
 //! a Markdown table and a PNG chart of throughput versus concurrency.
 
 mod chart;
+mod cluster;
+mod etcd;
 mod interleave;
 mod mqtt;
 mod report;
@@ -128,6 +130,15 @@ struct Args {
     /// smoke 8].
     #[arg(long, value_parser = clap::value_parser!(u64).range(4..=4_000))]
     slices: Option<u64>,
+    /// Instead of the workloads: three durable mqkv nodes against a three-member etcd cluster
+    /// (Debian `etcd-server`), durable writes and linearizable reads at each of `--clients`
+    /// [default: 16,64,256; smoke 4], then a single durable node; writes cluster.json and
+    /// cluster.md.
+    #[arg(long)]
+    cluster: bool,
+    /// Value bytes of the cluster comparison.
+    #[arg(long, default_value = "256", value_parser = parse_size)]
+    cluster_value: usize,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -647,6 +658,25 @@ fn run(args: Args) -> Result<()> {
         bail!("--slices must be a multiple of 4 (slices go A B B A)");
     }
     let plan = plan(&args)?;
+    if args.cluster {
+        let mqkv = servers::find_mqkv(args.server_bin.as_deref())?;
+        return cluster::run(&cluster::Plan {
+            clients: args.clients.clone().unwrap_or_else(|| {
+                if args.smoke {
+                    vec![4]
+                } else {
+                    vec![16, 64, 256]
+                }
+            }),
+            value_size: args.cluster_value,
+            repeat: args.repeat,
+            settings: plan.settings,
+            mqkv,
+            mqkv_args: args.server_args.clone(),
+            out: args.out.clone(),
+            install: !args.no_install,
+        });
+    }
     let started = Instant::now();
     let load_before = read_trimmed("/proc/loadavg");
     std::fs::create_dir_all(&args.out)

@@ -191,7 +191,7 @@ fn unique_dir(scratch: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     Ok(l.local_addr()?.port())
 }
@@ -449,7 +449,7 @@ pub fn ensure_anchors(
     (mosquitto, redis, notes)
 }
 
-fn apt_install(packages: &[&str], log: &Path) -> Result<()> {
+pub(crate) fn apt_install(packages: &[&str], log: &Path) -> Result<()> {
     let is_root = unsafe { libc::geteuid() } == 0;
     let prefix: Vec<&str> = if is_root {
         vec![]

@@ -81,6 +81,15 @@ impl Outcome {
 
 /// Runs every worker in its own task for warm-up plus the window.
 pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) -> Outcome {
+    drive_measuring(workers, s, || server.cpu_seconds()).await
+}
+
+/// [`drive`], with the server CPU time so far given by `server_cpu` (seconds).
+pub async fn drive_measuring<W: Worker>(
+    workers: Vec<W>,
+    s: &Settings,
+    server_cpu: impl Fn() -> f64,
+) -> Outcome {
     let (tx, rx) = watch::channel::<Option<(Instant, Instant)>>(None);
     let mut set = JoinSet::new();
     for mut w in workers {
@@ -121,9 +130,9 @@ pub async fn drive<W: Worker>(workers: Vec<W>, s: &Settings, server: &Server) ->
     let end = start + s.duration;
     let _ = tx.send(Some((start, end)));
     tokio::time::sleep_until(start.into()).await;
-    let (srv0, me0) = (server.cpu_seconds(), self_cpu_seconds());
+    let (srv0, me0) = (server_cpu(), self_cpu_seconds());
     tokio::time::sleep_until(end.into()).await;
-    let (srv1, me1) = (server.cpu_seconds(), self_cpu_seconds());
+    let (srv1, me1) = (server_cpu(), self_cpu_seconds());
     let mut out = Outcome {
         ops: 0,
         errors: 0,
@@ -177,7 +186,7 @@ pub(crate) async fn join_clients<T: 'static>(
 }
 
 /// Connects `n` clients with `make`, at most 64 at a time.
-async fn connect_all<T, F, Fut>(n: usize, make: F) -> Result<Vec<T>>
+pub(crate) async fn connect_all<T, F, Fut>(n: usize, make: F) -> Result<Vec<T>>
 where
     T: Send + 'static,
     F: Fn(usize) -> Fut,

@@ -288,3 +288,40 @@ fn interleaved_run_refuses_a_slice_count_not_a_multiple_of_four() {
         String::from_utf8_lossy(&run.stderr)
     );
 }
+
+/// The cluster comparison at tiny sizes: both clusters start, serve writes and reads, and the
+/// record and table have every figure.
+#[test]
+fn cluster_smoke_run_compares_with_etcd() {
+    let server = server_binary();
+    let out = std::env::temp_dir().join(format!("mqkv-bench-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut run = Command::new(env!("CARGO_BIN_EXE_mqkv-bench"));
+    run.args(["--cluster", "--smoke", "--out"])
+        .arg(&out)
+        .arg("--server-bin")
+        .arg(&server);
+    succeeds(run, "--cluster --smoke");
+    let text = std::fs::read_to_string(out.join("cluster.json")).expect("cluster.json");
+    let doc: Value = serde_json::from_str(&text).expect("cluster.json is JSON");
+    let rows = doc["cluster"].as_array().expect("cluster rows");
+    assert_eq!(rows.len(), 2, "a write and a read row at 4 clients: {doc}");
+    for row in rows {
+        for side in ["mqkv", "etcd"] {
+            let s = &row[side];
+            assert!(s["ops"].as_u64().is_some_and(|n| n > 0), "{side}: {row}");
+            assert_eq!(s["errors"], 0, "{side}: {row}");
+            assert!(s["latency_us"]["p99"].is_number(), "{side}: {row}");
+        }
+        assert!(row["throughput_ratio"].is_number());
+    }
+    let single = doc["single_node"].as_array().expect("single node rows");
+    assert_eq!(single.len(), 2);
+    assert!(doc["etcd_version"].is_string());
+    let table = std::fs::read_to_string(out.join("cluster.md")).expect("cluster.md");
+    assert!(
+        table.contains("| write | 4 |") && table.contains("| read | 4 |"),
+        "{table}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
