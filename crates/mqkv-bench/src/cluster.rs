@@ -379,6 +379,8 @@ pub struct Plan {
     pub settings: Settings,
     pub mqkv: PathBuf,
     pub mqkv_args: Vec<String>,
+    /// Extra arguments for the cluster's nodes, not the single node.
+    pub cluster_args: Vec<String>,
     pub out: PathBuf,
     pub install: bool,
 }
@@ -406,7 +408,13 @@ pub fn run(plan: &Plan) -> Result<()> {
         .build()?;
     let mut rows = Vec::new();
     {
-        let mqkv = Group::start_mqkv(&plan.mqkv, &plan.mqkv_args, &scratch, MEMBERS)?;
+        let args: Vec<String> = plan
+            .mqkv_args
+            .iter()
+            .chain(&plan.cluster_args)
+            .cloned()
+            .collect();
+        let mqkv = Group::start_mqkv(&plan.mqkv, &args, &scratch, MEMBERS)?;
         let etcd = Group::start_etcd(&etcd, &scratch)?;
         rt.block_on(async {
             mqkv.wait_ready(plan.value_size).await?;

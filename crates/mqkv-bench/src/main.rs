@@ -139,6 +139,10 @@ struct Args {
     /// Value bytes of the cluster comparison.
     #[arg(long, default_value = "256", value_parser = parse_size)]
     cluster_value: usize,
+    /// An extra argument for the cluster's nodes only (repeatable), e.g.
+    /// `--cluster-arg=--pipeline-depth=1`.
+    #[arg(long = "cluster-arg", allow_hyphen_values = true)]
+    cluster_args: Vec<String>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -673,6 +677,7 @@ fn run(args: Args) -> Result<()> {
             settings: plan.settings,
             mqkv,
             mqkv_args: args.server_args.clone(),
+            cluster_args: args.cluster_args.clone(),
             out: args.out.clone(),
             install: !args.no_install,
         });

@@ -16,6 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use crate::peer::Peers;
+use crate::proposer::{PendingWrite, Proposals};
 use crate::route::{write_error, Route};
 use crate::rpc::{self, Envelope, Refusal, Request, Response};
 use crate::status::{ClusterStatus, MemberStatus, STATUS_TIMEOUT};
@@ -43,7 +44,13 @@ pub struct ClusterOptions {
     /// Longest a write or a linearizable read waits for a leader that can
     /// reach a quorum before it is refused as unavailable.
     pub quorum_wait: Duration,
+    /// Most proposals of this node on their way to being committed at once (see
+    /// `pipeline`); 1 waits for each before proposing the next.
+    pub pipeline_depth: usize,
 }
+
+/// The default [`ClusterOptions::pipeline_depth`].
+pub const DEFAULT_PIPELINE_DEPTH: usize = 1;
 
 impl ClusterOptions {
     pub(crate) fn advertised(&self) -> String {
@@ -98,6 +105,8 @@ pub(crate) struct Cluster {
     pub(crate) app: std::sync::OnceLock<AppHandler>,
     /// Application messages to send, in order (see [`send_app`]).
     pub(crate) outbox: std::sync::OnceLock<Outbox>,
+    /// This node's proposer, for the writes followers send the leader.
+    pub(crate) proposals: std::sync::OnceLock<Proposals>,
 }
 
 impl Cluster {
@@ -108,7 +117,15 @@ impl Cluster {
             client_addrs: Mutex::default(),
             app: std::sync::OnceLock::new(),
             outbox: std::sync::OnceLock::new(),
+            proposals: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Queues a follower's proposal on this node's proposer (see `pipeline`).
+    fn submit_write(&self, proposal: crate::types::Proposal) -> Option<Vec<PendingWrite>> {
+        self.proposals
+            .get()
+            .map(|proposals| crate::pipeline::leader_submit(proposals, proposal))
     }
 
     /// Starts the task that sends application messages, on the current runtime.
@@ -365,6 +382,27 @@ async fn serve_link(
                 }
                 continue;
             }
+            // A follower's write is handed to raft here, before the next request of this
+            // link is read, so that its writes are proposed in the order it sent them.
+            Ok(Request::Write(proposal)) => {
+                let submitted = cluster.submit_write(proposal);
+                let answers = answers.clone();
+                tokio::spawn(async move {
+                    let body = Response::Write(match submitted {
+                        Some(pending) => crate::pipeline::leader_finish(pending).await,
+                        None => Err(Refusal::Failed("the node is starting".to_owned())),
+                    });
+                    match rpc::encode(&Envelope { id, body }) {
+                        Ok(frame) => {
+                            let _ = answers.send(frame);
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "an answer to a peer does not encode")
+                        }
+                    }
+                });
+                continue;
+            }
             other => other,
         };
         let raft = raft.clone();
@@ -399,7 +437,10 @@ async fn answer(
         Request::AppendEntries(r) => Response::AppendEntries(raft.append_entries(r).await),
         Request::Vote(r) => Response::Vote(raft.vote(r).await),
         Request::InstallSnapshot(r) => Response::InstallSnapshot(raft.install_snapshot(r).await),
-        Request::Write(p) => Response::Write(route.leader_write(p).await),
+        Request::Write(p) => Response::Write(match cluster.submit_write(p) {
+            Some(pending) => crate::pipeline::leader_finish(pending).await,
+            None => Err(Refusal::Failed("the node is starting".to_owned())),
+        }),
         Request::ReadIndex => Response::ReadIndex(route.leader_read_index().await),
         Request::Status => Response::Status(Box::new(cluster.own_status(raft))),
         Request::AddNode { id, addr } => Response::Membership(add_node(raft, id, addr).await),

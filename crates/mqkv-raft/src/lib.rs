@@ -97,6 +97,7 @@ mod log_store;
 mod network;
 mod node;
 mod peer;
+mod pipeline;
 mod proposer;
 mod route;
 mod rpc;
@@ -113,7 +114,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use cluster::{AppHandler, ClusterOptions, MembershipError};
+pub use cluster::{AppHandler, ClusterOptions, MembershipError, DEFAULT_PIPELINE_DEPTH};
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
 #[doc(hidden)]

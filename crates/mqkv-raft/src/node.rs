@@ -492,6 +492,11 @@ async fn open(
                 let quorum_wait = cluster_options
                     .as_ref()
                     .map_or(Duration::ZERO, |c| c.quorum_wait);
+                // Only with peers: alone, one proposal at a time makes the larger batches.
+                let depth = match &cluster {
+                    Some(_) => cluster_options.as_ref().map_or(1, |c| c.pipeline_depth),
+                    None => 1,
+                };
                 let route = Route::new(
                     raft.clone(),
                     cluster.as_ref().map(|c| c.peers.clone()),
@@ -518,7 +523,11 @@ async fn open(
                     snapshot_log_bytes,
                     log_for_proposer,
                     max_log_entries,
+                    depth,
                 );
+                if let Some(cluster) = &cluster {
+                    let _ = cluster.proposals.set(proposer.handle());
+                }
                 Ok::<_, OpenError>((raft, proposer, route, reads, cluster))
             })
             .await

@@ -121,28 +121,35 @@ impl Peer {
     }
 
     async fn call_inner(&self, request: Request) -> Result<Response, CallError> {
+        self.send(request).await?.answer().await
+    }
+
+    /// Sends `request` and returns at once with what waits for its answer. Requests sent one
+    /// after another to one peer leave, and arrive, in that order.
+    pub(crate) async fn send(&self, request: Request) -> Result<Sent, CallError> {
+        if sync::lock(&self.blocked).contains(&self.node) {
+            return Err(self.unreachable("cut off by fault injection"));
+        }
         let link = self.link().await?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame =
             rpc::encode(&Envelope { id, body: request }).map_err(|e| self.unreachable(e))?;
         let (tx, rx) = oneshot::channel();
         sync::lock(&link.waiting).insert(id, tx);
+        let sent = Sent {
+            rx,
+            waiting: link.waiting.clone(),
+            id,
+            node: self.node,
+            addr: self.addr.clone(),
+        };
         if link.closed.load(Ordering::Acquire) {
-            sync::lock(&link.waiting).remove(&id);
             return Err(self.unreachable("the link broke"));
         }
-        /// Forgets the call if it is given up (its deadline passed).
-        struct Forget<'a>(&'a Waiting, u64);
-        impl Drop for Forget<'_> {
-            fn drop(&mut self) {
-                sync::lock(self.0).remove(&self.1);
-            }
-        }
-        let _forget = Forget(&link.waiting, id);
         if link.outgoing.send(frame).is_err() {
             return Err(self.unreachable("the link closed"));
         }
-        rx.await.map_err(|_| self.unreachable("the link broke"))
+        Ok(sent)
     }
 
     /// The open link, or a new one.
@@ -174,6 +181,32 @@ impl Peer {
         tokio::spawn(read_loop(reader, waiting, closed, reader_done, self.node));
         *slot = Some(link.clone());
         Ok(link)
+    }
+}
+
+/// A request sent to a peer, waiting for its answer; forgotten when dropped.
+pub(crate) struct Sent {
+    rx: oneshot::Receiver<Response>,
+    waiting: Waiting,
+    id: u64,
+    node: NodeId,
+    addr: String,
+}
+
+impl Sent {
+    /// The answer, or why none will come.
+    pub(crate) async fn answer(mut self) -> Result<Response, CallError> {
+        (&mut self.rx).await.map_err(|_| CallError::Unreachable {
+            node: self.node,
+            addr: self.addr.clone(),
+            reason: "the link broke".to_owned(),
+        })
+    }
+}
+
+impl Drop for Sent {
+    fn drop(&mut self) {
+        sync::lock(&self.waiting).remove(&self.id);
     }
 }
 

@@ -13,12 +13,16 @@
 //!   applies its entries in that order, so log order is arrival order;
 //! - every caller gets exactly the outcome of its own entry, or the error
 //!   of the proposal that carried it;
-//! - one proposal is inside raft at a time, from proposing until it is
-//!   applied. Each proposal costs several task hand-offs (raft core, state
-//!   machine worker) and a sync of the log whatever its size, so fewer, larger
-//!   proposals serve more writes: with 64 concurrent writers a single
-//!   proposal in flight gave about 1.6 times the durable writes per second
-//!   of two (measured with `mqkv-bench --workloads set`).
+//! - on a node without peers, one proposal is inside raft at a time, from
+//!   proposing until it is applied. Each proposal costs several task
+//!   hand-offs (raft core, state machine worker) and a sync of the log
+//!   whatever its size, so fewer, larger proposals serve more writes: with
+//!   64 concurrent writers a single proposal in flight gave about 1.6 times
+//!   the durable writes per second of two (measured with `mqkv-bench
+//!   --workloads set`);
+//! - in a cluster, up to `depth` proposals are on their way at once (see
+//!   `pipeline`): a proposal then waits for a network round trip and the
+//!   followers' syncs, which the next proposals need not wait behind.
 //!
 //! The proposer also watches the log's size: raft's snapshot policy counts
 //! entries, and a run of large values could grow the log far beyond what
@@ -56,7 +60,9 @@ const MAX_ENTRIES: usize = 1024;
 /// alone.
 const MAX_BYTES: usize = 4 << 20;
 
-type Reply = oneshot::Sender<Result<Applied, WriteError>>;
+/// The log index of the entry that carried a write, and what applying it answered.
+type Answer = Result<(u64, Applied), WriteError>;
+type Reply = oneshot::Sender<Answer>;
 
 struct Pending {
     entry: Entry,
@@ -82,6 +88,7 @@ impl Proposer {
         snapshot_log_bytes: u64,
         log: Arc<LogShared>,
         max_entries: u64,
+        depth: usize,
     ) -> Proposer {
         let (tx, rx) = mpsc::unbounded_channel();
         let log_limit = LogLimit {
@@ -90,7 +97,7 @@ impl Proposer {
             log,
             max_entries,
         };
-        let task = tokio::spawn(run(raft, route, rx, Arc::new(log_limit)));
+        let task = tokio::spawn(run(raft, route, rx, Arc::new(log_limit), depth.max(1)));
         Proposer {
             tx,
             task: Mutex::new(Some(task)),
@@ -99,13 +106,14 @@ impl Proposer {
 
     /// Queues `entry` for the next proposal now; the returned future waits for its outcome.
     pub(crate) fn propose(&self, entry: Entry) -> PendingWrite {
-        let (reply, outcome) = oneshot::channel();
-        let outcome = self
-            .tx
-            .send(Pending { entry, reply })
-            .ok()
-            .map(|()| outcome);
-        PendingWrite { outcome }
+        self.handle().propose(entry)
+    }
+
+    /// A handle that queues writes as [`Self::propose`] does.
+    pub(crate) fn handle(&self) -> Proposals {
+        Proposals {
+            tx: self.tx.clone(),
+        }
     }
 
     /// Stops proposing. Writes still queued fail with
@@ -119,6 +127,25 @@ impl Proposer {
     }
 }
 
+/// Queues writes for the proposer (see [`Proposer::handle`]).
+#[derive(Clone)]
+pub(crate) struct Proposals {
+    tx: mpsc::UnboundedSender<Pending>,
+}
+
+impl Proposals {
+    /// Queues `entry` for the next proposal now.
+    pub(crate) fn propose(&self, entry: Entry) -> PendingWrite {
+        let (reply, outcome) = oneshot::channel();
+        let outcome = self
+            .tx
+            .send(Pending { entry, reply })
+            .ok()
+            .map(|()| outcome);
+        PendingWrite { outcome }
+    }
+}
+
 /// A write queued for a proposal: resolves to the outcome of applying it. Dropping it does not
 /// withdraw the write.
 ///
@@ -128,7 +155,17 @@ impl Proposer {
 #[must_use = "the write is queued either way; the future only tells its outcome"]
 pub struct PendingWrite {
     /// `None` when the proposer had already stopped.
-    outcome: Option<oneshot::Receiver<Result<Applied, WriteError>>>,
+    outcome: Option<oneshot::Receiver<Answer>>,
+}
+
+impl PendingWrite {
+    /// The outcome with the log index of the entry that carried the write.
+    pub(crate) async fn indexed(self) -> Answer {
+        match self.outcome {
+            None => Err(WriteError::Stopped),
+            Some(outcome) => outcome.await.unwrap_or(Err(WriteError::Stopped)),
+        }
+    }
 }
 
 impl Future for PendingWrite {
@@ -137,9 +174,11 @@ impl Future for PendingWrite {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.outcome {
             None => Poll::Ready(Err(WriteError::Stopped)),
-            Some(outcome) => Pin::new(outcome)
-                .poll(cx)
-                .map(|answer| answer.unwrap_or(Err(WriteError::Stopped))),
+            Some(outcome) => Pin::new(outcome).poll(cx).map(|answer| {
+                answer
+                    .unwrap_or(Err(WriteError::Stopped))
+                    .map(|(_, applied)| applied)
+            }),
         }
     }
 }
@@ -177,7 +216,9 @@ async fn run(
     route: Route,
     mut rx: mpsc::UnboundedReceiver<Pending>,
     log_limit: Arc<LogLimit>,
+    depth: usize,
 ) {
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(depth));
     while let Some(first) = next_write(&mut rx, &raft, &log_limit).await {
         wait_for_room(&raft, &log_limit).await;
         // Entries are a few hundred bytes each: they go from the queue
@@ -199,8 +240,24 @@ async fn run(
                 Err(_) => break,
             }
         }
-        let result = route.write(Proposal(Arc::new(entries))).await;
-        answer(replies, result);
+        let proposal = Proposal(Arc::new(entries));
+        // The leader proposes one batch at a time, with whatever its followers sent meanwhile:
+        // raft writes and syncs each proposal's entry before it takes the next, so batches in
+        // flight there would only make more, smaller syncs.
+        if depth == 1 || route.is_leader() {
+            answer(replies, route.write(proposal).await);
+        } else {
+            // Closed only when dropped, with this task.
+            let Ok(permit) = in_flight.clone().acquire_owned().await else {
+                return;
+            };
+            let flight = route.submit(proposal).await;
+            let route = route.clone();
+            tokio::spawn(async move {
+                answer(replies, route.finish(flight).await);
+                drop(permit);
+            });
+        }
         if log_limit.exceeded() {
             // Ignored by raft while a snapshot is being built; an error here
             // means raft stopped, which the next write reports.
@@ -251,15 +308,15 @@ async fn wait_for_room(raft: &Raft<TypeConfig>, log_limit: &LogLimit) {
     }
 }
 
-fn answer(replies: Vec<Reply>, result: Result<Vec<Outcome>, WriteError>) {
+fn answer(replies: Vec<Reply>, result: Result<(u64, Vec<Outcome>), WriteError>) {
     match result {
-        Ok(outcomes) if outcomes.len() == replies.len() => {
+        Ok((index, outcomes)) if outcomes.len() == replies.len() => {
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A caller that stopped waiting does not need the answer.
-                let _ = reply.send(Ok(Applied::from(outcome)));
+                let _ = reply.send(Ok((index, Applied::from(outcome))));
             }
         }
-        Ok(outcomes) => {
+        Ok((_, outcomes)) => {
             let error = WriteError::Raft(format!(
                 "a proposal of {} entries was answered with {} outcomes",
                 replies.len(),

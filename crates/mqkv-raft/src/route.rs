@@ -38,10 +38,10 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// Routes writes and reads of one node.
 #[derive(Clone)]
 pub(crate) struct Route {
-    raft: Raft<TypeConfig>,
+    pub(crate) raft: Raft<TypeConfig>,
     /// `None` for a node without peers.
-    peers: Option<Arc<Peers>>,
-    quorum_wait: Duration,
+    pub(crate) peers: Option<Arc<Peers>>,
+    pub(crate) quorum_wait: Duration,
 }
 
 impl Route {
@@ -57,14 +57,18 @@ impl Route {
         }
     }
 
-    /// Proposes `proposal` and gives what applying it answered.
-    pub(crate) async fn write(&self, proposal: Proposal) -> Result<Vec<Outcome>, WriteError> {
+    /// Proposes `proposal` and gives the log index of its entry and what applying it
+    /// answered.
+    pub(crate) async fn write(
+        &self,
+        proposal: Proposal,
+    ) -> Result<(u64, Vec<Outcome>), WriteError> {
         let Some(peers) = &self.peers else {
             return self
                 .raft
                 .client_write(proposal)
                 .await
-                .map(|w| w.data)
+                .map(|w| (w.log_id.index, w.data))
                 .map_err(write_error);
         };
         let deadline = Instant::now() + self.quorum_wait;
@@ -75,7 +79,7 @@ impl Route {
                     .await
                 {
                     Err(_) => return Err(self.no_quorum()),
-                    Ok(Ok(written)) => return Ok(written.data),
+                    Ok(Ok(written)) => return Ok((written.log_id.index, written.data)),
                     Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_)))) => {
                         self.pause(deadline).await?;
                     }
@@ -93,7 +97,7 @@ impl Route {
             match answer {
                 Ok(Response::Write(Ok((index, outcomes)))) => {
                     self.wait_applied(index, deadline).await?;
-                    return Ok(outcomes);
+                    return Ok((index, outcomes));
                 }
                 Ok(Response::Write(Err(Refusal::Failed(why)))) => {
                     return Err(WriteError::Raft(why))
@@ -167,21 +171,6 @@ impl Route {
         }
     }
 
-    /// A follower's proposal, proposed here.
-    pub(crate) async fn leader_write(
-        &self,
-        proposal: Proposal,
-    ) -> Result<(u64, Vec<Outcome>), Refusal> {
-        match tokio::time::timeout(self.quorum_wait, self.raft.client_write(proposal)).await {
-            Err(_) => Err(Refusal::Failed(self.no_quorum().to_string())),
-            Ok(Ok(written)) => Ok((written.log_id.index, written.data)),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(Refusal::NotLeader(f.leader_id))
-            }
-            Ok(Err(e)) => Err(Refusal::Failed(write_error(e).to_string())),
-        }
-    }
-
     /// True while this node leads (and so may propose key expiry).
     pub(crate) fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
@@ -189,7 +178,7 @@ impl Route {
         m.state == ServerState::Leader && m.current_leader == Some(m.id)
     }
 
-    fn no_quorum(&self) -> WriteError {
+    pub(crate) fn no_quorum(&self) -> WriteError {
         WriteError::Unavailable(format!(
             "no leader with a quorum answered within {} ms",
             self.quorum_wait.as_millis()
@@ -204,11 +193,11 @@ impl Route {
         Ok(())
     }
 
-    fn peer(&self, peers: &Peers, leader: NodeId) -> Option<Arc<Peer>> {
+    pub(crate) fn peer(&self, peers: &Peers, leader: NodeId) -> Option<Arc<Peer>> {
         peers.member(&self.raft, leader)
     }
 
-    async fn wait_for_leader(&self, deadline: Instant) -> Result<NodeId, WriteError> {
+    pub(crate) async fn wait_for_leader(&self, deadline: Instant) -> Result<NodeId, WriteError> {
         let mut metrics = self.raft.metrics();
         loop {
             if let Some(leader) = metrics.borrow_and_update().current_leader {
@@ -222,7 +211,11 @@ impl Route {
         }
     }
 
-    async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), WriteError> {
+    pub(crate) async fn wait_applied(
+        &self,
+        index: u64,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
         self.raft
             .wait(Some(remaining(deadline)))
             .applied_index_at_least(Some(index), "linearizable")
@@ -238,7 +231,7 @@ impl Route {
     }
 }
 
-fn remaining(deadline: Instant) -> Duration {
+pub(crate) fn remaining(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now())
 }
 

@@ -51,6 +51,7 @@ fn options(id: u64, port: u16, peers: &BTreeMap<u64, String>, join: bool) -> Nod
             join,
             secret: b"test".to_vec(),
             quorum_wait: Duration::from_secs(5),
+            pipeline_depth: mqkv_raft::DEFAULT_PIPELINE_DEPTH,
         }),
         ..NodeOptions::memory()
     }

@@ -90,6 +90,10 @@ pub struct ClusterConfig {
     /// is answered with status 503, in milliseconds.
     #[serde(default = "default_quorum_wait_ms")]
     pub quorum_wait_ms: u64,
+    /// Most batches of writes this node has on their way to being committed at once; 1 waits
+    /// for each before sending the next.
+    #[serde(default = "default_pipeline_depth")]
+    pub pipeline_depth: usize,
     /// Accept `mqkv cluster isolate` (from loopback clients): the node then acts as if the
     /// network between it and the named nodes were cut. For testing; off by default.
     #[serde(default)]
@@ -98,6 +102,10 @@ pub struct ClusterConfig {
 
 fn default_quorum_wait_ms() -> u64 {
     3_000
+}
+
+fn default_pipeline_depth() -> usize {
+    mqkv_raft::DEFAULT_PIPELINE_DEPTH
 }
 
 /// A `--peer` value: `ID=HOST:PORT`.
@@ -189,6 +197,7 @@ impl ClusterConfig {
             join: self.join,
             secret: secret.into_bytes(),
             quorum_wait: std::time::Duration::from_millis(self.quorum_wait_ms.max(1)),
+            pipeline_depth: self.pipeline_depth.max(1),
         })
     }
 }
@@ -400,6 +409,7 @@ mod tests {
             secret: None,
             secret_file: None,
             quorum_wait_ms: 3000,
+            pipeline_depth: 1,
             fault_injection: false,
         };
         assert!(

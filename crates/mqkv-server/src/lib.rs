@@ -16,7 +16,7 @@ use mqkv_broker::Broker;
 use mqkv_raft::StoreNode;
 
 pub use config::{ClusterConfig, RaftThread, ServerConfig, StorageKind};
-pub use mqkv_raft::set_after_snapshot;
+pub use mqkv_raft::{set_after_snapshot, DEFAULT_PIPELINE_DEPTH};
 
 /// A started server.
 pub struct Server {

@@ -138,6 +138,10 @@ struct ServeArgs {
     /// answered with status 503 (default 3000).
     #[arg(long, value_name = "MS", help_heading = "Cluster")]
     quorum_wait_ms: Option<u64>,
+    /// Cluster: most batches of writes this node has on their way to being committed at once;
+    /// 1 waits for each before sending the next (default 1).
+    #[arg(long, value_name = "N", help_heading = "Cluster")]
+    pipeline_depth: Option<usize>,
     /// Cluster: accept `mqkv cluster isolate` from loopback clients, which makes this node act
     /// as if cut off from the nodes it names. For testing.
     #[arg(long, help_heading = "Cluster")]
@@ -254,6 +258,7 @@ impl ServeArgs {
             || self.cluster_secret.is_some()
             || self.cluster_secret_file.is_some()
             || self.quorum_wait_ms.is_some()
+            || self.pipeline_depth.is_some()
             || self.fault_injection;
         if cluster_flags {
             let mut cluster = match c.cluster.take() {
@@ -271,6 +276,7 @@ impl ServeArgs {
                         secret: None,
                         secret_file: None,
                         quorum_wait_ms: 3_000,
+                        pipeline_depth: mqkv_server::DEFAULT_PIPELINE_DEPTH,
                         fault_injection: false,
                     }
                 }
@@ -304,6 +310,9 @@ impl ServeArgs {
             }
             if let Some(v) = self.quorum_wait_ms {
                 cluster.quorum_wait_ms = v;
+            }
+            if let Some(v) = self.pipeline_depth {
+                cluster.pipeline_depth = v;
             }
             if self.fault_injection {
                 cluster.fault_injection = true;

@@ -238,11 +238,21 @@ async fn record(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_history_through_every_node_with_faults_is_linearizable() {
-    let mut cluster = TestCluster::start(
-        "history",
-        3,
-        &["--fault-injection", "--quorum-wait-ms", "1500"],
-    );
+    history_with_faults("history", &[]).await;
+}
+
+/// The same with followers sending their batches to the leader several at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_with_pipelined_writes_and_faults_is_linearizable() {
+    history_with_faults("history-pipelined", &["--pipeline-depth", "4"]).await;
+}
+
+/// Records a history of SET/GET/DEL/VDEL through every node while a follower is cut off and
+/// the leader killed and restarted, and checks it per key.
+async fn history_with_faults(name: &str, extra: &[&str]) {
+    let mut flags = vec!["--fault-injection", "--quorum-wait-ms", "1500"];
+    flags.extend_from_slice(extra);
+    let mut cluster = TestCluster::start(name, 3, &flags);
     let leader = cluster.wait_for_leader(1, Duration::from_secs(15));
     let ports: Vec<u16> = cluster.nodes.iter().map(|n| n.mqtt_port).collect();
     let epoch = Instant::now();
