@@ -313,7 +313,11 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
             props.session_expiry_interval = Some(expiry);
         }
         if connect.properties.request_response_information == Some(1) {
-            props.rare_mut().response_information = Some(format!("clients/{client_id}"));
+            let info = format!("clients/{client_id}");
+            // Left out when a very long client id would make it too long to send.
+            if info.len() <= codec::limits::MAX_FIELD {
+                props.rare_mut().response_information = Some(info);
+            }
         }
     }
     session.send_control(

@@ -660,6 +660,11 @@ fn build_publish<'a>(
         },
         payload: &m.payload,
     };
+    if let Err(e) = p.check(link.protocol_level) {
+        // Dropped as if delivered, like a packet too large for the client.
+        codec::limits::dropped("PUBLISH", e);
+        return None;
+    }
     if link.protocol_level == codec::V5 {
         if p.size(link.protocol_level) > link.max_packet_size {
             return None;

@@ -48,11 +48,16 @@ pub enum ErrorKind {
     /// The key (or SCAN pattern) is empty.
     #[error("the key length is zero")]
     KeyLengthZero,
+    /// KEYNOTIFY on a key whose notification topic would exceed MQTT's 65,535-byte topic
+    /// limit (see [`crate::topic::observable`]). Not in the wire-compat table: the SDKs report
+    /// it as an error with this text.
+    #[error("the key is too long to be observed")]
+    KeyTooLongToObserve,
 }
 
 impl ErrorKind {
     /// Every variant, in the order of the wire-compat table.
-    pub const ALL: [ErrorKind; 12] = [
+    pub const ALL: [ErrorKind; 13] = [
         ErrorKind::TimestampSkew,
         ErrorKind::MissingFencingToken,
         ErrorKind::FencingTokenSkew,
@@ -65,6 +70,7 @@ impl ErrorKind {
         ErrorKind::MissingTimestamp,
         ErrorKind::MalformedTimestamp,
         ErrorKind::KeyLengthZero,
+        ErrorKind::KeyTooLongToObserve,
     ];
 
     /// The exact text that follows `-ERR ` on the wire.
@@ -82,6 +88,7 @@ impl ErrorKind {
             ErrorKind::MissingTimestamp => "missing timestamp",
             ErrorKind::MalformedTimestamp => "malformed timestamp",
             ErrorKind::KeyLengthZero => "the key length is zero",
+            ErrorKind::KeyTooLongToObserve => "the key is too long to be observed",
         }
     }
 
@@ -112,7 +119,10 @@ mod tests {
             "missing timestamp",
             "malformed timestamp",
             "the key length is zero",
+            // mqkv's own, after the table's.
+            "the key is too long to be observed",
         ];
+        assert_eq!(expected.len(), ErrorKind::ALL.len());
         for (kind, text) in ErrorKind::ALL.iter().zip(expected) {
             assert_eq!(kind.message(), text);
             assert_eq!(kind.to_string(), text, "Display must equal the wire text");

@@ -69,6 +69,21 @@ pub fn notification_topic(client_id: &[u8], key: &[u8]) -> String {
     topic
 }
 
+/// The longest topic MQTT can carry, in bytes.
+pub const MAX_TOPIC_LEN: usize = 65_535;
+
+/// The length of [`notification_topic`] for a client id and a key of these lengths.
+pub fn notification_topic_len(client_id_len: usize, key_len: usize) -> usize {
+    NOTIFY_TOPIC_PREFIX.len() + 2 * client_id_len + NOTIFY_INFIX.len() + 2 * key_len
+}
+
+/// Whether changes to `key` can be notified to `client_id`: whether the notification topic fits
+/// in an MQTT topic. With the SDKs' 36-character client ids the longest such key is 32,694
+/// bytes.
+pub fn observable(client_id: &[u8], key: &[u8]) -> bool {
+    notification_topic_len(client_id.len(), key.len()) <= MAX_TOPIC_LEN
+}
+
 /// The filter a client subscribes to for all its notifications
 /// (`.../<HEX(client_id)>/command/notify/+`).
 pub fn notification_filter(client_id: &[u8]) -> String {
@@ -123,6 +138,20 @@ mod tests {
             notification_filter(b"client-id1"),
             "clients/statestore/v1/FA9AE35F-2F64-47CD-9BFF-08E2B32A0FE8/636C69656E742D696431/command/notify/+"
         );
+    }
+
+    #[test]
+    fn a_key_is_observable_while_its_topic_fits() {
+        let client = "0f8e6d4c-2b1a-4f3e-9d8c-7b6a5f4e3d2c".as_bytes();
+        let longest = (0..70_000)
+            .rev()
+            .find(|n| observable(client, &vec![b'k'; *n]))
+            .expect("some key fits");
+        assert_eq!(longest, 32_694);
+        let topic = notification_topic(client, &vec![b'k'; longest]);
+        assert!(topic.len() <= MAX_TOPIC_LEN && topic.len() > MAX_TOPIC_LEN - 2);
+        assert_eq!(topic.len(), notification_topic_len(client.len(), longest));
+        assert!(!observable(client, &vec![b'k'; longest + 1]));
     }
 
     #[test]

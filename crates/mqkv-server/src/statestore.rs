@@ -325,6 +325,9 @@ impl StateStoreService {
                     } else {
                         Response::Integer(0)
                     }
+                } else if !mqkv_protocol::topic::observable(p.from.client_id.as_bytes(), key) {
+                    // No notification of it could be sent: refused before it is registered.
+                    Response::Error(mqkv_protocol::ErrorKind::KeyTooLongToObserve)
                 } else {
                     observers.start(&p.from, key);
                     Response::Ok

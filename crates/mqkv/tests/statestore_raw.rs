@@ -497,3 +497,49 @@ async fn observations_end_with_the_connection_even_when_the_session_stays() {
     let n = back.wait_for(|p| p.topic == topic.as_bytes()).await;
     assert_eq!(&n.payload[..], b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n");
 }
+
+/// A key whose notification topic would not fit MQTT's 65,535-byte topic limit cannot be
+/// observed: KEYNOTIFY is refused before anything is registered, changes to the key reach no
+/// one, and the connection goes on. The longest key that fits is observed and notified with a
+/// well-formed PUBLISH.
+#[tokio::test]
+async fn keys_too_long_for_a_notification_topic_cannot_be_observed() {
+    let server = ServerProcess::start(&[]);
+    let mut watcher = Client::connect("watcher", server.port).await;
+    let mut writer = Client::connect("writer", server.port).await;
+    let longest = (65_535 - notify_topic("watcher", b"").len()) / 2;
+    let fits = vec![b'f'; longest];
+    let too_long = vec![b'x'; longest + 1];
+    for key in [too_long.clone(), vec![b'y'; 65_535]] {
+        let a = watcher.call(&[b"KEYNOTIFY", &key]).await;
+        assert_eq!(
+            &a.payload[..],
+            b"-ERR the key is too long to be observed\r\n",
+            "KEYNOTIFY of {} bytes",
+            key.len()
+        );
+    }
+    let a = watcher.call(&[b"KEYNOTIFY", &fits]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+
+    for key in [&too_long, &fits] {
+        let a = writer.call(&[b"SET", key, b"v"]).await;
+        assert_eq!(&a.payload[..], b"+OK\r\n");
+    }
+    let topic = notify_topic("watcher", &fits);
+    assert!(topic.len() >= 65_534 && topic.len() <= 65_535);
+    let n = watcher.wait_for(|p| p.topic.len() > 1000).await;
+    assert_eq!(
+        n.topic,
+        topic.as_bytes(),
+        "the one notification is the key that fits"
+    );
+    // The watcher's connection still answers, and nothing else came.
+    let a = watcher.call(&[b"GET", &too_long]).await;
+    assert_eq!(&a.payload[..], b"$1\r\nv\r\n");
+    let extra = watcher.drain(Duration::from_millis(300)).await;
+    assert!(
+        extra.iter().all(|p| p.topic.len() < 1000),
+        "a second notification"
+    );
+}

@@ -9,6 +9,7 @@
 //! and 5.0 on one listener, classify every violation precisely (0x81 versus 0x82 versus 0x95), and
 //! keep payloads as shared `Bytes` from socket to subscriber.
 
+pub mod limits;
 pub mod props;
 pub mod reason;
 
@@ -312,8 +313,7 @@ fn ascii_without_nul(raw: &[u8]) -> bool {
 }
 
 pub(crate) fn write_bin(out: &mut BytesMut, v: &[u8]) {
-    // Callers bound every field to 65,535 bytes before encoding (topics and strings come from
-    // decoded packets or from validated configuration).
+    // Every packet is checked before it is encoded (see `limits`), so this never cuts.
     let len = v.len().min(u16::MAX as usize);
     out.put_u16(len as u16);
     out.put_slice(&v[..len]);
@@ -759,8 +759,13 @@ impl<'a> PublishRef<'a> {
         1 + varint_len(remaining) + remaining
     }
 
-    /// Appends the packet to `out`, as the given protocol level spells it.
+    /// Appends the packet to `out`, as the given protocol level spells it; nothing if it
+    /// cannot be encoded (see [`limits`]).
     pub fn encode(&self, out: &mut BytesMut, level: u8) {
+        if let Err(e) = self.check(level) {
+            limits::dropped("PUBLISH", e);
+            return;
+        }
         let mut h = 0x30 | ((self.qos as u8) << 1);
         if self.dup {
             h |= 0x08;
@@ -784,8 +789,13 @@ impl<'a> PublishRef<'a> {
 }
 
 impl Packet {
-    /// Appends the packet to `out`, as the given protocol level spells it.
+    /// Appends the packet to `out`, as the given protocol level spells it; nothing if it
+    /// cannot be encoded (see [`limits`]).
     pub fn encode(&self, out: &mut BytesMut, level: u8) {
+        if let Err(e) = self.check(level) {
+            limits::dropped(self.kind(), e);
+            return;
+        }
         let v5 = level == V5;
         match self {
             Packet::Connect(c) => encode_connect(c, out),
