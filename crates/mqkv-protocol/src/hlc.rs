@@ -307,12 +307,104 @@ impl HlcClock {
         }
         self.current()
     }
+
+    /// Issues the version of a write to a key whose last version is `previous`, as
+    /// [`Self::next_version`] does but against that key's version instead of the whole
+    /// store's: the new version is above the request's `__ts` and above `previous`, with a
+    /// counter above 0 only when `previous` was issued in the same millisecond. Writes to other
+    /// keys in that millisecond leave it alone, so a lease renewed every few seconds keeps
+    /// counter 0 however busy the store is. The clock still moves up to it, so a key created
+    /// anew (no `previous`: [`Self::next_version`]) gets a version above every one issued.
+    pub fn next_version_after(
+        &mut self,
+        now_ms: u64,
+        request_ts: Option<&Hlc>,
+        previous: Option<&Hlc>,
+    ) -> Hlc {
+        let Some(previous) = previous else {
+            return self.next_version(now_ms, request_ts);
+        };
+        let base = now_ms.max(previous.wall_ms);
+        let past_request = match request_ts {
+            Some(ts) if ts.wall_ms >= base => ts.wall_ms.saturating_add(1),
+            _ => 0,
+        };
+        let t = base.max(past_request);
+        let (wall_ms, counter) = if t != previous.wall_ms {
+            (t, 0)
+        } else if previous.counter >= MAX_COUNTER {
+            (t.saturating_add(1), 0)
+        } else {
+            (t, previous.counter + 1)
+        };
+        if (wall_ms, counter) > (self.wall_ms, self.counter) {
+            self.wall_ms = wall_ms;
+            self.counter = counter;
+        }
+        Hlc::new(wall_ms, counter, self.node_id.clone())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_keys_version_counts_only_its_own_writes_in_a_millisecond() {
+        let mut clock = HlcClock::new("n");
+        let first = clock.next_version(1_000, None);
+        assert_eq!((first.wall_ms, first.counter), (1_000, 0));
+        // Other keys written in the same millisecond move the store's clock on...
+        for _ in 0..5 {
+            clock.next_version(2_000, None);
+        }
+        assert_eq!(clock.current().counter, 4);
+        // ...but not this key's counter.
+        let renewed = clock.next_version_after(2_000, None, Some(&first));
+        assert_eq!((renewed.wall_ms, renewed.counter), (2_000, 0));
+        // A second write to it in its own millisecond does count.
+        let again = clock.next_version_after(2_000, None, Some(&renewed));
+        assert_eq!((again.wall_ms, again.counter), (2_000, 1));
+        // Always above the request's timestamp and the key's last version.
+        let ahead = Hlc::new(5_000, 9, "client");
+        let v = clock.next_version_after(2_000, Some(&ahead), Some(&again));
+        assert!(v > ahead && v > again, "{v}");
+        assert_eq!(v.counter, 0);
+        // A key created anew is above everything issued.
+        let fresh = clock.next_version(2_000, None);
+        assert!(fresh > v && fresh > again);
+    }
+
+    proptest! {
+        /// Whatever the order of writes to one key and to others, each of the key's versions
+        /// is above its previous one and above its request's timestamp.
+        #[test]
+        fn per_key_versions_increase(writes in proptest::collection::vec((0u64..50, any::<bool>(), proptest::option::of(0u64..60)), 1..200)) {
+            let mut clock = HlcClock::new("n");
+            let mut last: Option<Hlc> = None;
+            let mut now = 1_000;
+            for (step, this_key, ts) in writes {
+                now += step % 3;
+                let ts = ts.map(|t| Hlc::new(now + t - 30, 3, "c"));
+                if this_key {
+                    let v = clock.next_version_after(now, ts.as_ref(), last.as_ref());
+                    if let Some(prev) = &last {
+                        prop_assert!(v > *prev);
+                    }
+                    if let Some(ts) = &ts {
+                        prop_assert!(v > *ts);
+                    }
+                    last = Some(v);
+                } else {
+                    clock.next_version(now, ts.as_ref());
+                }
+                if let Some(l) = &last {
+                    prop_assert!(clock.current() >= *l);
+                }
+            }
+        }
+    }
 
     #[test]
     fn display_pads_ms_and_counter() {

@@ -8,8 +8,12 @@
 //! - the expiry index holds exactly one `(deadline, key)` for every key that
 //!   has a deadline, and nothing else;
 //! - `stored_bytes` is the sum of key and value lengths over all keys;
-//! - every version ever issued comes from the one [`HlcClock`], so versions
-//!   are strictly increasing over the whole store, hence per key.
+//! - every version is issued by the one [`HlcClock`]: above the key's last
+//!   version and the request's `__ts` (a counter above 0 only when the key
+//!   itself was written in the same millisecond), and, for a key created anew,
+//!   above every version issued before — so a deleted and recreated key (a
+//!   lease taken by a new holder) never repeats a version, and a fencing token
+//!   of an earlier holder stays below the new one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU64;
@@ -375,8 +379,10 @@ impl StateMachine {
         request_ts: Option<&Hlc>,
         events: &mut Vec<ChangeEvent>,
     ) -> Option<Hlc> {
-        self.remove(key)?;
-        let version = self.clock.next_version(now, request_ts);
+        let old = self.remove(key)?;
+        let version = self
+            .clock
+            .next_version_after(now, request_ts, Some(&old.version));
         events.push(ChangeEvent {
             key: Bytes::copy_from_slice(key),
             kind: ChangeKind::Delete,

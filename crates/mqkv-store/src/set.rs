@@ -85,7 +85,8 @@ impl StateMachine {
                     footprint(key, value),
                 ) {
                     let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
-                    let version = clock.next_version(now, request.ts.as_ref());
+                    let version =
+                        clock.next_version_after(now, request.ts.as_ref(), Some(&old.version));
                     let record = new_record(value, &version, fencing_token, px_ms, now);
                     overwrite(key, old, record, expiry, frozen, stored_bytes);
                     events.push(set_event(key, value, &version));
@@ -109,9 +110,12 @@ impl StateMachine {
 
         let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
         let replaced = existing.map(|r| footprint(key, &r.value));
+        let previous = existing.map(|r| r.version.clone());
         self.check_quota_making_room(key, value, replaced, now, events)?;
 
-        let version = self.clock.next_version(now, request.ts.as_ref());
+        let version = self
+            .clock
+            .next_version_after(now, request.ts.as_ref(), previous.as_ref());
         self.insert(key, new_record(value, &version, fencing_token, px_ms, now));
         events.push(set_event(key, value, &version));
         Ok((Response::Ok, Some(version)))
@@ -163,6 +167,49 @@ mod tests {
     use crate::machine::test_support::*;
     use crate::{Applied, ChangeKind, StateMachine};
     use mqkv_protocol::{ErrorKind, Hlc, Response, SetCondition};
+
+    /// A lease renewed while other keys are written in the same millisecond keeps counter 0
+    /// (the official SDK's auto-renewal test asserts equal counters); a lease taken anew after
+    /// it was deleted gets a version above the deletion's, so an old holder's token is lower.
+    #[test]
+    fn a_keys_counter_moves_only_for_its_own_writes() {
+        let mut m = machine();
+        let v1 = m.apply(&entry(
+            1_000,
+            set_cmd("lease", "me", None, Some(10_000)),
+            None,
+        ));
+        let v1 = v1.version.expect("a version");
+        for i in 0..10 {
+            put(&mut m, 2_000, &format!("other{i}"), "x");
+        }
+        let v2 = m
+            .apply(&entry(
+                2_000,
+                set_cmd("lease", "me", None, Some(10_000)),
+                None,
+            ))
+            .version
+            .expect("a version");
+        assert_eq!(v2.counter, 0, "{v2}");
+        assert!(v2 > v1);
+        let del = m.apply(&entry(
+            2_000,
+            mqkv_protocol::Command::Del { key: b("lease") },
+            None,
+        ));
+        let deleted = del.events[0].version.clone();
+        assert!(deleted > v2);
+        let v3 = m
+            .apply(&entry(
+                2_000,
+                set_cmd("lease", "you", Some(SetCondition::Nx), None),
+                None,
+            ))
+            .version
+            .expect("a version");
+        assert!(v3 > deleted && v3 > v2, "{v3} after {deleted}");
+    }
 
     fn set_at(
         m: &mut StateMachine,
