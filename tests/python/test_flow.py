@@ -181,3 +181,28 @@ def test_message_expiring_while_held_back_by_receive_maximum(server):
     pub.publish("held/t", b"C", qos=1)
     nxt = sub.next_publish()
     assert nxt.payload == b"C", f"expired message delivered: {nxt!r}"
+
+
+def test_a_client_still_sending_reads_the_disconnect_reason(mqkv):
+    """The server ends a connection (Receive Maximum exceeded) while the client keeps sending:
+    the client still reads DISCONNECT 0x93 before the connection closes, instead of meeting a
+    reset that destroys it (the Eclipse Paho interoperability test test_flow_control2)."""
+    s = mqkv("--receive-maximum", "3")
+    c = raw_connected(s, "keeps-sending")
+    # Four QoS 2 publishes in one go: the fourth exceeds the maximum.
+    c.send(b"".join(r.publish("flood/t", b"x", qos=2, packet_id=pid) for pid in range(1, 5)))
+    # The client goes on sending for a while, as a client that has not read yet does. Its
+    # writes must not meet a reset: a client like paho treats one as the connection lost and
+    # never reads what arrived before it.
+    deadline = time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        c.send(r.pingreq() * 64)
+        time.sleep(0.005)
+    packets = []
+    try:
+        while True:
+            packets.append(c.recv_packet(timeout=5))
+    except r.Closed:
+        pass
+    reasons = [p.reason for p in packets if p.type == r.DISCONNECT]
+    assert reasons == [0x93], f"packets read before the close: {packets!r}"

@@ -515,6 +515,26 @@ async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -
     }
 }
 
+/// Longest the server keeps reading, and discarding, what a client sends after the server's
+/// DISCONNECT.
+const DRAIN_AFTER_DISCONNECT: Duration = Duration::from_millis(500);
+
+/// After the server's DISCONNECT (sent, and the sending side closed): reads and discards what
+/// the client still sends until it closes, or for [`DRAIN_AFTER_DISCONNECT`]. Closing a socket
+/// with unread input resets the connection, and a client still sending would meet the reset
+/// before it read the DISCONNECT and its reason.
+async fn drain_input(rd: &mut OwnedReadHalf) {
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(DRAIN_AFTER_DISCONNECT, async {
+        while let Ok(n) = rd.read(&mut scratch).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// A connection's writer task, and the flag it raises when it ends (returning, failing or
 /// stopped): the read loop polls the task's handle once, to be woken when it ends, and after
 /// that only once the flag is up. Polling the handle on every pass would cost the read loop a
@@ -841,10 +861,13 @@ impl Conn {
         // pass just started (see `Conn::front_fresh`): whatever wakes that work wakes this task,
         // and the look after the wake-up polls it.
         let mut skip_queued;
+        // Whether this side ended the connection with a DISCONNECT of its own.
+        let mut told = false;
         let end = loop {
             if !shutdown_registered && self.inner.shutting_down.load(Ordering::SeqCst) {
                 // Shutdown began before this loop watched for it (a connection that moved).
                 self.close_with(reason::SERVER_SHUTTING_DOWN);
+                told = true;
                 break End::Shutdown;
             }
             if received {
@@ -861,6 +884,7 @@ impl Conn {
                     Err(Violation(code)) => {
                         tracing::debug!(client_id = %self.client_id, code, "protocol violation");
                         self.close_with(code);
+                        told = true;
                         break End::Abnormal;
                     }
                 }
@@ -881,6 +905,7 @@ impl Conn {
                     cx,
                 )) => {
                     self.close_with(reason::SERVER_SHUTTING_DOWN);
+                    told = true;
                     break End::Shutdown;
                 }
                 () = std::future::poll_fn(|cx| poll_event(
@@ -953,6 +978,7 @@ impl Conn {
                     let deadline = last + ka.unwrap_or_default();
                     if Instant::now() >= deadline {
                         self.close_with(reason::KEEP_ALIVE_TIMEOUT);
+                        told = true;
                         break End::Abnormal;
                     }
                     idle.as_mut().reset(deadline.into());
@@ -966,6 +992,9 @@ impl Conn {
         // Let the writer flush a final DISCONNECT, but do not wait on a stuck peer forever.
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut writer.handle).await;
         writer.handle.abort();
+        if told {
+            drain_input(rd).await;
+        }
         Exit::Ended(end)
     }
 
