@@ -363,6 +363,14 @@ fn values_from_files_and_stdin_binary_shown_safely() {
         "6c696e65206f6e650a6c696e652074776f0a\n"
     );
 
+    // `--file -` is standard input too.
+    let out = server.run_with_stdin(&["set", "piped", "--file", "-"], b"\x00from stdin");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        server.run(&["get", "piped", "--raw"]).stdout,
+        b"\x00from stdin"
+    );
+
     // A value that looks like a flag is still a value.
     assert_eq!(server.run(&["set", "neg", "-5"]).status.code(), Some(0));
     assert_eq!(stdout(&server.run(&["get", "neg"])), "-5\n");

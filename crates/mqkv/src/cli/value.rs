@@ -18,7 +18,7 @@ pub struct ValueArgs {
         allow_hyphen_values = true
     )]
     pub value: Option<OsString>,
-    /// Read the value from this file instead.
+    /// Read the value from this file instead (`-`: standard input).
     #[arg(long, value_name = "PATH", conflicts_with = "value")]
     pub file: Option<PathBuf>,
 }
@@ -26,23 +26,29 @@ pub struct ValueArgs {
 impl ValueArgs {
     pub fn read(&self) -> anyhow::Result<Bytes> {
         if let Some(path) = &self.file {
+            if path.as_os_str() == "-" {
+                return stdin();
+            }
             let bytes =
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
             return Ok(Bytes::from(bytes));
         }
         match &self.value {
-            Some(v) if v == "-" => {
-                let mut bytes = Vec::new();
-                std::io::stdin()
-                    .lock()
-                    .read_to_end(&mut bytes)
-                    .context("cannot read standard input")?;
-                Ok(Bytes::from(bytes))
-            }
+            Some(v) if v == "-" => stdin(),
             Some(v) => Ok(Bytes::from(v.clone().into_encoded_bytes())),
             None => anyhow::bail!("a value is needed: VALUE, - or --file"),
         }
     }
+}
+
+/// All of standard input, exactly.
+fn stdin() -> anyhow::Result<Bytes> {
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut bytes)
+        .context("cannot read standard input")?;
+    Ok(Bytes::from(bytes))
 }
 
 /// A key argument as bytes (any bytes the platform allows in arguments).
