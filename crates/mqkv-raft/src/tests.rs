@@ -1294,7 +1294,7 @@ const CRASH_ROUND: &str = "MQKV_RAFT_CRASH_ROUND";
 #[ignore = "only runs as the child process of acknowledged_writes_survive_kill_9"]
 async fn crash_child_writer() {
     let (Ok(dir), Ok(round)) = (std::env::var(CRASH_DIR), std::env::var(CRASH_ROUND)) else {
-        return;
+        panic!("run only by acknowledged_writes_survive_kill_9, which sets {CRASH_DIR} and {CRASH_ROUND}");
     };
     let (node, _) = open(Path::new(&dir), small_snapshots()).await;
     let writers: Vec<_> = (0..8)
