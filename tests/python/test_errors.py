@@ -315,3 +315,52 @@ def test_many_bad_clients_in_a_row(healthy_after):
         c = raw_connected(healthy_after, f"bad-{i}")
         c.send(b"\x36\x00")
         c.close()
+
+
+# -- announced but unsent packets -----------------------------------------------------------------
+
+
+def rss_bytes(server) -> int:
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_follows_the_bytes_that_arrived_not_the_length_announced(mqkv):
+    """Connections that announce a 15 MiB PUBLISH and send 1 KB make the server hold about what
+    arrived, not what was announced."""
+    s = mqkv()
+    before = rss_bytes(s)
+    announced = 15 * 1024 * 1024
+    clients = []
+    for i in range(60):
+        c = raw_connected(s, f"announcer-{i}")
+        body = r.string("big/topic") + b"\x00" + b"x" * 1000
+        header = bytes([0x30]) + r.varint(announced)
+        c.send(header + body)
+        clients.append(c)
+    # Every connection has read its kilobyte: the server answers a ping on a fresh one.
+    probe = raw_connected(s, "probe")
+    probe.send(r.pingreq())
+    assert probe.expect(r.PINGRESP).type == r.PINGRESP
+    grown = rss_bytes(s) - before
+    assert grown < 40 * 1024 * 1024, f"resident memory grew {grown / 2**20:.1f} MiB for 60 KB sent"
+    assert_healthy(s)
+
+
+def test_a_packet_that_stops_arriving_midway_is_timed_out(mqkv):
+    """Keep alive 0 and half a packet: the connection is closed with DISCONNECT 0x8D once
+    --packet-timeout-secs has passed, and the server goes on."""
+    s = mqkv("--packet-timeout-secs", "1")
+    c = raw_connected(s, "stalls", keep_alive=0)
+    c.send(bytes([0x30]) + r.varint(100) + b"half")
+    d = c.expect_disconnect_and_close(timeout=20)
+    assert d.reason == 0x8D, f"expected DISCONNECT 0x8D, got {d!r}"
+    # A client that sends whole packets slowly is not affected.
+    slow = raw_connected(s, "slow-but-whole", keep_alive=0)
+    for _ in range(3):
+        slow.send(r.pingreq())
+        assert slow.expect(r.PINGRESP).type == r.PINGRESP
+    assert_healthy(s)

@@ -51,6 +51,10 @@ pub struct BrokerConfig {
     /// messages, so a publish and its deliveries are handled on one thread (see
     /// the broker's `threads` module).
     pub co_locate: bool,
+    /// Longest a packet may take to arrive once its first byte has, in seconds (whatever the
+    /// keep alive): a connection whose packet stops arriving midway is closed with DISCONNECT
+    /// 0x8D. 0 waits for ever.
+    pub packet_timeout_secs: u32,
 }
 
 impl BrokerConfig {
@@ -86,6 +90,7 @@ impl Default for BrokerConfig {
             pin_connection_threads: false,
             batch_connection_threads: false,
             co_locate: true,
+            packet_timeout_secs: 60,
         }
     }
 }

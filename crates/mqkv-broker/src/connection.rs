@@ -833,10 +833,23 @@ impl Conn {
         // Outside the cooperative budget, so its first poll always registers this task.
         let mut shutdown = std::pin::pin!(tokio::task::unconstrained(shutdown.changed()));
         let ka = (keep_alive > 0).then(|| Duration::from_millis(u64::from(keep_alive) * 1500));
+        let packet_timeout = match self.inner.config.packet_timeout_secs {
+            0 => None,
+            secs => Some(Duration::from_secs(u64::from(secs))),
+        };
         let mut last = Instant::now();
-        // The keep alive timer is armed once and moved only when it fires: re-arming it on every
-        // read would take the timer driver's lock twice per packet.
-        let mut idle = std::pin::pin!(tokio::time::sleep(ka.unwrap_or(Duration::MAX)));
+        // When the part of a packet that `buf` holds began to arrive.
+        let mut partial_since: Option<Instant> = None;
+        // The timer checks the keep alive and how long a partial packet has been arriving. It
+        // is armed once and moved only when it fires: re-arming it on every read would take
+        // the timer driver's lock twice per packet.
+        let check_every = |ka: Option<Duration>| match (ka, packet_timeout) {
+            (Some(k), Some(p)) => k.min(p),
+            (Some(k), None) => k,
+            (None, Some(p)) => p,
+            (None, None) => Duration::MAX,
+        };
+        let mut idle = std::pin::pin!(tokio::time::sleep(check_every(ka)));
         // Polled to register this task with the timer, then only once it has fired (a look at
         // its state), like the events below: a poll on every pass took the task's cooperative
         // budget and looked at the timer's waker each time.
@@ -876,6 +889,10 @@ impl Conn {
                 // write.
                 self.session.defer(self.conn_id);
                 let processed = self.process(&mut buf, max_in).await;
+                partial_since = match buf.is_empty() {
+                    true => None,
+                    false => partial_since.or(Some(last)),
+                };
                 self.flush_inline();
                 skip_queued = self.front_fresh;
                 match processed {
@@ -974,13 +991,24 @@ impl Conn {
                 () = std::future::poll_fn(|cx| {
                     let fired = idle.is_elapsed();
                     poll_event(idle.as_mut(), &mut idle_registered, fired, cx)
-                }), if ka.is_some() => {
-                    let deadline = last + ka.unwrap_or_default();
-                    if Instant::now() >= deadline {
+                }), if ka.is_some() || packet_timeout.is_some() => {
+                    let now = Instant::now();
+                    let stalled = match (partial_since, packet_timeout) {
+                        (Some(since), Some(limit)) => now >= since + limit,
+                        _ => false,
+                    };
+                    if stalled {
+                        tracing::debug!(client_id = %self.client_id, "a packet stopped arriving midway");
+                    }
+                    if stalled || ka.is_some_and(|k| now >= last + k) {
                         self.close_with(reason::KEEP_ALIVE_TIMEOUT);
                         told = true;
                         break End::Abnormal;
                     }
+                    let deadline = match ka {
+                        Some(k) => (last + k).min(now + check_every(None).min(k)),
+                        None => now + check_every(None),
+                    };
                     idle.as_mut().reset(deadline.into());
                     idle_registered = false;
                     // At most once per keep alive period: a good time to give back a buffer

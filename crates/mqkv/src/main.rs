@@ -66,6 +66,10 @@ struct ServeArgs {
     /// Largest session expiry interval granted, in seconds.
     #[arg(long)]
     max_session_expiry: Option<u32>,
+    /// Longest a packet may take to arrive once it began, in seconds, whatever the keep alive
+    /// (default 60; 0: no limit).
+    #[arg(long, value_name = "SECS")]
+    packet_timeout_secs: Option<u32>,
     /// Messages queued per session before --queue-full applies.
     #[arg(long)]
     max_queued_messages: Option<usize>,
@@ -207,6 +211,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.topic_alias_maximum {
             b.topic_alias_maximum = v;
+        }
+        if let Some(v) = self.packet_timeout_secs {
+            b.packet_timeout_secs = v;
         }
         if let Some(v) = self.max_keep_alive {
             b.max_keep_alive = v;

@@ -74,6 +74,63 @@ async fn between_renewals(
     sets + 1
 }
 
+/// Renewals keep equal HLC counters however busy the store is: a key's counter moves only for
+/// writes to that key, not for writes to other keys in the same millisecond (the SDK's own
+/// auto-renewal test asserts equal counters while its other tests run in parallel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_renewals_keep_their_counter_while_other_keys_are_written() {
+    let server = Server::start("lease_renewals_keep_their_counter_while_other_keys_are_written");
+    let a = AioClient::connect(&server, &client_id("busy-lease", "a")).await;
+    let writers = AioClient::connect_with_extra(&server, &client_id("busy-lease", "w"), 3).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (w, ss) in std::iter::once(&writers.state_store)
+        .chain(&writers.extra)
+        .enumerate()
+    {
+        let ss = ss.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = format!("busy/{w}/{}", n % 64).into_bytes();
+                ss.set(key, b"x".to_vec(), TIMEOUT, None, SetOptions::default())
+                    .await
+                    .expect("a write to another key");
+                n += 1;
+            }
+            n
+        }));
+    }
+    let lease = lease_of(&a, b"busy/lease");
+    let mut tokens = Vec::new();
+    for _ in 0..4 {
+        tokens.push(
+            lease
+                .acquire(Duration::from_secs(10), TIMEOUT, None)
+                .await
+                .expect("acquire or renew"),
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut written = 0;
+    for t in tasks {
+        written += t.await.expect("writer");
+    }
+    assert!(written > 100, "too few writes to other keys to tell: {written}");
+    for pair in tokens.windows(2) {
+        assert_later(&pair[1], &pair[0], "renewal token");
+    }
+    let counters: Vec<u64> = tokens.iter().map(|t| t.counter).collect();
+    assert!(
+        counters.iter().skip(1).all(|c| *c == counters[1]),
+        "renewals 400 ms apart carry different HLC counters while {written} other writes ran: {counters:?}"
+    );
+    a.close().await;
+    writers.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_acquire_renew_release_and_holder() {
     let server = Server::start("lease_acquire_renew_release_and_holder");

@@ -343,6 +343,9 @@ fn peek_fixed_header(buf: &[u8]) -> Result<Option<(u8, usize, usize)>, DecodeErr
     ))
 }
 
+/// The least room a buffer holding part of a packet is given at once.
+const GROWTH_FLOOR: usize = 64 * 1024;
+
 /// Decodes one packet from `buf` if a whole one is buffered.
 ///
 /// `protocol_level` is `None` before CONNECT (only CONNECT is then acceptable) and the
@@ -359,7 +362,10 @@ pub fn decode(
         return Err(DecodeError::TooLarge);
     }
     if buf.len() < header_len + remaining {
-        buf.reserve(header_len + remaining - buf.len());
+        // Room grows with what has arrived (doubling), not with what the header announces: a
+        // client that announces a large packet and sends little makes the server hold little.
+        let missing = header_len + remaining - buf.len();
+        buf.reserve(missing.min(buf.len().max(GROWTH_FLOOR)));
         return Ok(None);
     }
     buf.advance(header_len);
