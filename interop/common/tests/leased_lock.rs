@@ -81,7 +81,7 @@ async fn between_renewals(
 async fn lease_renewals_keep_their_counter_while_other_keys_are_written() {
     let server = Server::start("lease_renewals_keep_their_counter_while_other_keys_are_written");
     let a = AioClient::connect(&server, &client_id("busy-lease", "a")).await;
-    let writers = AioClient::connect_with_extra(&server, &client_id("busy-lease", "w"), 3).await;
+    let writers = AioClient::connect_with_extra(&server, &client_id("busy-lease", "w"), 7).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut tasks = Vec::new();
     for (w, ss) in std::iter::once(&writers.state_store)
@@ -104,14 +104,14 @@ async fn lease_renewals_keep_their_counter_while_other_keys_are_written() {
     }
     let lease = lease_of(&a, b"busy/lease");
     let mut tokens = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..20 {
         tokens.push(
             lease
                 .acquire(Duration::from_secs(10), TIMEOUT, None)
                 .await
                 .expect("acquire or renew"),
         );
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut written = 0;
@@ -125,7 +125,7 @@ async fn lease_renewals_keep_their_counter_while_other_keys_are_written() {
     let counters: Vec<u64> = tokens.iter().map(|t| t.counter).collect();
     assert!(
         counters.iter().skip(1).all(|c| *c == counters[1]),
-        "renewals 400 ms apart carry different HLC counters while {written} other writes ran: {counters:?}"
+        "renewals 100 ms apart carry different HLC counters while {written} other writes ran: {counters:?}"
     );
     a.close().await;
     writers.close().await;
