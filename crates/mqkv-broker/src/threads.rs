@@ -14,10 +14,11 @@
 //! other thread's poller; [`ConnThreads::may_take`] keeps one thread from taking more than its
 //! share.
 //!
-//! Output queued for a connection by another thread (a publish routed on another connection's
-//! thread, a notification from the state store's raft thread) reaches it through its thread's
-//! outbox: whatever is posted together costs that thread one wake-up, and the writes themselves
-//! happen on the thread that owns the socket. Wake-ups of a connection's task from other threads
+//! Output that another connection's thread routes to a connection reaches it through the
+//! connection's thread's outbox: whatever is posted together costs that thread one wake-up, and
+//! the writes themselves happen on the thread that owns the socket. (A message put straight into
+//! a session, such as a key notification from the state store's raft thread, wakes the
+//! connection's writer task directly.) Wake-ups of a connection's task from other threads
 //! (the answer to a state store write, from raft's thread) go through the outbox too: a
 //! direct wake from another thread writes to the runtime's eventfd every time, while a batch of
 //! answers posted together costs one.

@@ -21,7 +21,7 @@
 //! (see `log_store`), so that the connections are served while the disk
 //! works. The CPU a write costs stays the same; what it saves is waiting:
 //! on two CPUs shared with its clients, durable writes at 64 clients went
-//! up by about a twentieth (round 25 of `docs/bench/changes.md`).
+//! up by about a twentieth (see `docs/design/performance.md`).
 //!
 //! Invariant: the thread runs until [`RaftThread::stop`] (or drop); tasks
 //! still on it then are dropped. A lent thread is given back then instead

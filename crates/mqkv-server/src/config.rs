@@ -222,26 +222,26 @@ pub struct ServerConfig {
     /// scheduler that packs runnable threads onto few CPUs runs both connection threads on one
     /// CPU at times, each waiting out the other's time slice (GET at 64 clients: a p99 of 4.3
     /// ms instead of 1.5 ms in about half the runs), and with disk storage it leaves the CPU
-    /// of the log's thread idle while the connection threads queue on the other. Rounds 17 and
-    /// 23 of `docs/bench/changes.md` measure both ways.
+    /// of the log's thread idle while the connection threads queue on the other (see
+    /// `docs/design/performance.md`).
     pub pin_workers: bool,
     /// Runs the connection threads under the kernel's batch scheduling policy (`SCHED_BATCH`,
     /// Linux; on unless told otherwise): a connection thread woken by a packet or a completed
     /// log write does not preempt the thread running on its CPU, so clients sharing the CPU
-    /// send more before it runs and each of its passes finds more to do (round 36 of
-    /// `docs/bench/changes.md`). On a CPU busy with other programs, a woken connection thread
+    /// send more before it runs and each of its passes finds more to do (see
+    /// `docs/design/performance.md`). On a CPU busy with other programs, a woken connection thread
     /// waits out their time slice before it answers.
     pub batch_scheduling: bool,
     /// Where the state store's raft runs (see [`RaftThread`]). Sharing a connection thread
     /// saves the thread hand-offs of every write for that thread's half of the clients, and
     /// with disk storage keeps serving them while the disk syncs (durable SET at 64 clients on
-    /// two CPUs: round 25 of `docs/bench/changes.md`).
+    /// two CPUs: see `docs/design/performance.md`).
     pub raft_thread: RaftThread,
     /// With disk storage and raft on a connection thread, the log's appends are written with
     /// direct I/O through io_uring (`O_DIRECT` with `RWF_DSYNC`: durable once done, no copy
     /// into the page cache, no sync thread to wake), where the system allows it, and through
     /// the page cache with an `fdatasync` on a sync thread otherwise or when this is off
-    /// (round 27 of `docs/bench/changes.md`).
+    /// (see `docs/design/performance.md`).
     pub direct_log_writes: bool,
     /// Membership of a cluster; `None` runs a single node.
     pub cluster: Option<ClusterConfig>,
