@@ -364,3 +364,47 @@ def test_a_packet_that_stops_arriving_midway_is_timed_out(mqkv):
         slow.send(r.pingreq())
         assert slow.expect(r.PINGRESP).type == r.PINGRESP
     assert_healthy(s)
+
+
+# -- limits on what clients can make the server keep ----------------------------------------------
+
+
+def test_retained_messages_beyond_the_limit_are_refused_with_0x97(mqkv):
+    s = mqkv("--max-retained-messages", "3", "--max-retained-bytes", "200")
+    c = raw_connected(s, "retainer")
+    acks = []
+    for i, topic in enumerate(["keep/1", "keep/2", "keep/3", "keep/4"]):
+        c.publish(topic, b"v", qos=1, retain=True, packet_id=i + 1)
+        acks.append(c.expect(r.PUBACK).reason)
+    assert acks[:3] == [0x10] * 3 and acks[3] == 0x97, acks
+    # Replacing one that is kept still works; clearing one makes room.
+    c.publish("keep/1", b"w", qos=1, retain=True, packet_id=5)
+    assert c.expect(r.PUBACK).reason == 0x10
+    c.publish("keep/2", b"", qos=1, retain=True, packet_id=6)
+    assert c.expect(r.PUBACK).reason == 0x10
+    c.publish("keep/4", b"v", qos=1, retain=True, packet_id=7)
+    assert c.expect(r.PUBACK).reason == 0x10
+    # Bytes: a payload that would pass 200 bytes in all is refused too, at QoS 2 with PUBREC.
+    c.publish("keep/5", b"x" * 300, qos=2, retain=True, packet_id=8)
+    assert c.expect(r.PUBREC).reason == 0x97
+    # The refused messages were not kept (nor published); the connection goes on.
+    sub = raw_connected(s, "reader")
+    sub.subscribe(1, [("keep/#", 1)])
+    got = {p.topic for p in [sub.next_publish(), sub.next_publish(), sub.next_publish()]}
+    assert got == {"keep/1", "keep/3", "keep/4"}
+    c.send(r.pingreq())
+    assert c.expect(r.PINGRESP).type == r.PINGRESP
+    assert_healthy(s)
+
+
+def test_sessions_beyond_the_limit_get_connack_0x97(mqkv):
+    s = mqkv("--max-sessions", "2")
+    first = raw_connected(s, "one")
+    raw_connected(s, "two")
+    third = raw(s)
+    ack = third.connect("three")
+    assert ack.reason == 0x97, f"CONNACK {ack!r}"
+    # A client with a session may still connect again (taking it over).
+    again = raw(s)
+    assert again.connect("one").reason == 0
+    first.wait_closed(5)

@@ -38,6 +38,11 @@ const DIRECT_WRITES_PER_PUBLISH: usize = 256;
 /// that serve its subscribers, one wake-up per thread for the whole publish.
 const DIRECT_REMOTE_WRITES: usize = 4;
 
+/// What a retained message counts for in `max_retained_bytes`: its topic and payload.
+fn retained_size(topic: &str, payload: &[u8]) -> u64 {
+    (topic.len() + payload.len()) as u64
+}
+
 /// Longest a new connection waits for the one it takes over to finish what it received.
 const HANDOVER_WAIT: Duration = Duration::from_secs(1);
 
@@ -70,6 +75,8 @@ pub(crate) struct Inner {
     pub sessions: Mutex<HashMap<ClientId, Arc<Session>>>,
     pub subs: RwLock<SubTree<Arc<Session>>>,
     retained: RwLock<HashMap<String, Arc<Message>>>,
+    /// Topic and payload bytes of the retained messages.
+    retained_bytes: AtomicU64,
     services: RwLock<Vec<ServiceClaim>>,
     /// Bumped, under the `services` lock, by every claim.
     services_version: AtomicU64,
@@ -129,6 +136,7 @@ impl Broker {
                 sessions: Mutex::new(HashMap::new()),
                 subs: RwLock::new(SubTree::default()),
                 retained: RwLock::new(HashMap::new()),
+                retained_bytes: AtomicU64::new(0),
                 services: RwLock::new(Vec::new()),
                 services_version: AtomicU64::new(0),
                 next_conn_id: AtomicU64::new(1),
@@ -373,12 +381,30 @@ impl Inner {
     /// Stores (or, with an empty payload, clears) the retained message of a topic.
     pub fn retain(&self, msg: Arc<Message>) {
         let mut retained = self.retained.write();
-        if msg.payload.is_empty() {
-            retained.remove(&msg.topic);
+        let old = if msg.payload.is_empty() {
+            retained.remove(&msg.topic)
         } else {
-            retained.insert(msg.topic.clone(), msg);
+            let size = retained_size(&msg.topic, &msg.payload);
+            self.retained_bytes.fetch_add(size, Ordering::Relaxed);
+            retained.insert(msg.topic.clone(), msg)
+        };
+        if let Some(old) = old {
+            self.retained_bytes
+                .fetch_sub(retained_size(&old.topic, &old.payload), Ordering::Relaxed);
         }
+        drop(retained);
         self.touch();
+    }
+
+    /// Whether a retained message of `payload` on `topic` fits the limits on retained
+    /// messages (`max_retained_messages`, `max_retained_bytes`), counting the one it replaces.
+    pub(crate) fn retained_room(&self, topic: &str, payload: &[u8]) -> bool {
+        let retained = self.retained.read();
+        let old = retained.get(topic);
+        let count = retained.len() + usize::from(old.is_none());
+        let bytes = self.retained_bytes.load(Ordering::Relaxed) + retained_size(topic, payload)
+            - old.map_or(0, |m| retained_size(&m.topic, &m.payload));
+        count <= self.config.max_retained_messages && bytes <= self.config.max_retained_bytes
     }
 
     /// Every retained message.
@@ -418,7 +444,10 @@ impl Inner {
 
     /// Drops every retained message.
     pub(crate) fn clear_retained(&self) {
-        self.retained.write().clear();
+        let mut retained = self.retained.write();
+        retained.clear();
+        self.retained_bytes.store(0, Ordering::Relaxed);
+        drop(retained);
         self.touch();
     }
 
@@ -584,7 +613,10 @@ impl Inner {
             let mut retained = self.retained.write();
             for t in expired {
                 if retained.get(&t).is_some_and(|m| m.expired(now)) {
-                    retained.remove(&t);
+                    if let Some(old) = retained.remove(&t) {
+                        self.retained_bytes
+                            .fetch_sub(retained_size(&old.topic, &old.payload), Ordering::Relaxed);
+                    }
                 }
             }
         }

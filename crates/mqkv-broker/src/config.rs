@@ -55,6 +55,14 @@ pub struct BrokerConfig {
     /// keep alive): a connection whose packet stops arriving midway is closed with DISCONNECT
     /// 0x8D. 0 waits for ever.
     pub packet_timeout_secs: u32,
+    /// Most retained messages kept; a retained publish beyond it is refused (PUBACK or
+    /// PUBREC 0x97, Quota exceeded; dropped at QoS 0).
+    pub max_retained_messages: usize,
+    /// Most bytes of retained messages (topics and payloads) kept, refused beyond as above.
+    pub max_retained_bytes: u64,
+    /// Most sessions, connected or kept for a disconnected client; a client that would start
+    /// one more gets CONNACK 0x97 (Quota exceeded).
+    pub max_sessions: usize,
 }
 
 impl BrokerConfig {
@@ -91,6 +99,9 @@ impl Default for BrokerConfig {
             batch_connection_threads: false,
             co_locate: true,
             packet_timeout_secs: 60,
+            max_retained_messages: 100_000,
+            max_retained_bytes: 256 * 1024 * 1024,
+            max_sessions: 100_000,
         }
     }
 }

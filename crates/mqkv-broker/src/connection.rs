@@ -238,6 +238,18 @@ pub(crate) async fn run(inner: Arc<Inner>, stream: TcpStream, peer: SocketAddr, 
         }
     };
 
+    // Room for one more session, unless the client has one.
+    let full = {
+        let sessions = inner.sessions.lock();
+        sessions.len() >= inner.config.max_sessions && !sessions.contains_key(&client_id)
+    };
+    if full {
+        tracing::info!(%peer, client_id = %client_id, "connection refused: too many sessions");
+        let out = refuse(reason::QUOTA_EXCEEDED).await;
+        let _ = wr.write_all(&out).await;
+        return;
+    }
+
     // Negotiated parameters.
     let cfg = &inner.config;
     let requested_expiry = if v5 {
@@ -1402,6 +1414,14 @@ impl Conn {
             && std::str::from_utf8(&p.payload).is_err();
         if bad_payload && p.qos == QoS::AtMostOnce {
             return Err(Violation(reason::PAYLOAD_FORMAT_INVALID));
+        }
+        if p.retain && !p.payload.is_empty() && !self.inner.retained_room(&p.topic, &p.payload) {
+            // Refused whole (not published either): the retained messages are at their limit.
+            tracing::debug!(client_id = %self.client_id, topic = %p.topic, "retained message over the limit refused");
+            if let Some(ack) = ack_for(p.qos, p.packet_id, reason::QUOTA_EXCEEDED) {
+                self.acknowledge(ack);
+            }
+            return Ok(None);
         }
         if p.qos == QoS::ExactlyOnce {
             let mut st = self.session.state.lock();

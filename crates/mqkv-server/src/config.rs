@@ -41,6 +41,9 @@ pub struct StateStoreConfig {
     pub max_bytes: Option<u64>,
     /// Keys per SCAN page.
     pub scan_page_size: usize,
+    /// Most keys one connection may observe (KEYNOTIFY) at once; beyond it KEYNOTIFY is
+    /// answered `-ERR the quota has been exceeded`.
+    pub max_observed_keys: usize,
     /// Node id in the versions (HLCs) the store hands out.
     pub node_id: String,
     /// With disk storage, a snapshot of the state is written once the log written since the
@@ -55,6 +58,7 @@ impl Default for StateStoreConfig {
             max_keys: None,
             max_bytes: None,
             scan_page_size: 100,
+            max_observed_keys: 10_000,
             node_id: "mqkv".into(),
             snapshot_log_bytes: mqkv_raft::NodeOptions::default().snapshot_log_bytes,
         }

@@ -81,7 +81,7 @@ impl Server {
         store_config.max_keys = store.max_keys;
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
-        let notifier = statestore::Notifier::new(&broker);
+        let notifier = statestore::Notifier::new(&broker, store.max_observed_keys.max(1));
         let replicated_cell = Arc::new(std::sync::OnceLock::new());
         let hook = match cluster {
             Some(_) => replicated::hook(notifier.hook(), replicated_cell.clone()),

@@ -58,7 +58,13 @@ struct Observers {
 }
 
 impl Observers {
-    fn start(&mut self, who: &ClientIdentity, key: &Bytes) {
+    /// Registers `who` as an observer of `key`, unless its connection already observes `max`
+    /// other keys; returns whether it observes the key now.
+    fn start(&mut self, who: &ClientIdentity, key: &Bytes, max: usize) -> bool {
+        let on_connection = self.by_connection.get(&who.connection_id);
+        if on_connection.is_some_and(|keys| keys.len() >= max && !keys.contains(key)) {
+            return false;
+        }
         self.by_key
             .entry(key.clone())
             .or_default()
@@ -67,6 +73,7 @@ impl Observers {
             .entry(who.connection_id)
             .or_default()
             .insert(key.clone());
+        true
     }
 
     /// Returns whether the key was observed by this client.
@@ -126,6 +133,8 @@ fn sets_deadline(entry: &Entry) -> bool {
 /// Sends key notifications; shared by the apply hook and the request path (KEYNOTIFY).
 pub struct Notifier {
     broker: Broker,
+    /// Most keys one connection may observe at once.
+    max_observed: usize,
     observers: Mutex<Observers>,
     /// Poked after an applied SET with a deadline: the earliest deadline may now be sooner
     /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
@@ -134,9 +143,10 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    pub fn new(broker: &Broker) -> Arc<Notifier> {
+    pub fn new(broker: &Broker, max_observed: usize) -> Arc<Notifier> {
         Arc::new(Notifier {
             broker: broker.clone(),
+            max_observed,
             observers: Mutex::new(Observers::default()),
             deadline_set: Notify::new(),
         })
@@ -328,9 +338,11 @@ impl StateStoreService {
                 } else if !mqkv_protocol::topic::observable(p.from.client_id.as_bytes(), key) {
                     // No notification of it could be sent: refused before it is registered.
                     Response::Error(mqkv_protocol::ErrorKind::KeyTooLongToObserve)
-                } else {
-                    observers.start(&p.from, key);
+                } else if observers.start(&p.from, key, self.notifier.max_observed) {
                     Response::Ok
+                } else {
+                    // As the store's own quotas answer.
+                    Response::Error(mqkv_protocol::ErrorKind::QuotaExceeded)
                 };
                 drop(observers);
                 respond(reply, &response, None)

@@ -70,6 +70,15 @@ struct ServeArgs {
     /// (default 60; 0: no limit).
     #[arg(long, value_name = "SECS")]
     packet_timeout_secs: Option<u32>,
+    /// Most retained messages kept (default 100000); beyond, a retained publish gets 0x97.
+    #[arg(long, value_name = "N")]
+    max_retained_messages: Option<usize>,
+    /// Most bytes of retained topics and payloads kept (default 256 MiB).
+    #[arg(long, value_name = "N")]
+    max_retained_bytes: Option<u64>,
+    /// Most sessions, connected or kept (default 100000); beyond, CONNECT gets 0x97.
+    #[arg(long, value_name = "N")]
+    max_sessions: Option<usize>,
     /// Messages queued per session before --queue-full applies.
     #[arg(long)]
     max_queued_messages: Option<usize>,
@@ -85,6 +94,9 @@ struct ServeArgs {
     /// State store: largest total of key and value bytes.
     #[arg(long)]
     max_bytes: Option<u64>,
+    /// State store: most keys one connection may observe with KEYNOTIFY (default 10000).
+    #[arg(long, value_name = "N")]
+    max_observed_keys: Option<usize>,
     /// State store: write a snapshot once the log since the last one outgrows this many bytes
     /// and that snapshot (default 64 MiB).
     #[arg(long, value_name = "N")]
@@ -215,6 +227,15 @@ impl ServeArgs {
         if let Some(v) = self.packet_timeout_secs {
             b.packet_timeout_secs = v;
         }
+        if let Some(v) = self.max_retained_messages {
+            b.max_retained_messages = v;
+        }
+        if let Some(v) = self.max_retained_bytes {
+            b.max_retained_bytes = v;
+        }
+        if let Some(v) = self.max_sessions {
+            b.max_sessions = v;
+        }
         if let Some(v) = self.max_keep_alive {
             b.max_keep_alive = v;
         }
@@ -253,6 +274,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_bytes {
             c.state_store.max_bytes = Some(v);
+        }
+        if let Some(v) = self.max_observed_keys {
+            c.state_store.max_observed_keys = v;
         }
         if let Some(v) = self.snapshot_log_bytes {
             c.state_store.snapshot_log_bytes = v;

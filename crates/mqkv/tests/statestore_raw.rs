@@ -543,3 +543,34 @@ async fn keys_too_long_for_a_notification_topic_cannot_be_observed() {
         "a second notification"
     );
 }
+
+/// A connection may observe at most `--max-observed-keys` keys at once: one more is refused
+/// with the store's quota error and registers nothing; KEYNOTIFY again on a key it observes,
+/// or on a new key once another is stopped, is accepted.
+#[tokio::test]
+async fn observations_beyond_the_limit_are_refused() {
+    let server = ServerProcess::start(&["--max-observed-keys", "2"]);
+    let mut watcher = Client::connect("limited-watcher", server.port).await;
+    for key in [&b"w1"[..], b"w2", b"w1"] {
+        let a = watcher.call(&[b"KEYNOTIFY", key]).await;
+        assert_eq!(&a.payload[..], b"+OK\r\n");
+    }
+    let a = watcher.call(&[b"KEYNOTIFY", b"w3"]).await;
+    assert_eq!(&a.payload[..], b"-ERR the quota has been exceeded\r\n");
+    let a = watcher.call(&[b"KEYNOTIFY", b"w1", b"STOP"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    let a = watcher.call(&[b"KEYNOTIFY", b"w3"]).await;
+    assert_eq!(&a.payload[..], b"+OK\r\n");
+    // w3 is observed now, w1 no longer.
+    let mut writer = Client::connect("limited-writer", server.port).await;
+    writer.call(&[b"SET", b"w1", b"x"]).await;
+    writer.call(&[b"SET", b"w3", b"y"]).await;
+    let n = watcher
+        .wait_for(|p| p.topic.ends_with(hex(b"w3").as_bytes()))
+        .await;
+    assert!(n.payload.ends_with(b"$1\r\ny\r\n"));
+    let extra = watcher.drain(Duration::from_millis(300)).await;
+    assert!(extra
+        .iter()
+        .all(|p| !p.topic.ends_with(hex(b"w1").as_bytes())));
+}
