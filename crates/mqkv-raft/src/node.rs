@@ -289,6 +289,11 @@ impl StoreNode {
         self.inner.state.install_snapshot_hook(hook);
     }
 
+    /// Whether this node knows of a leader (itself or another member) now.
+    pub fn leader_known(&self) -> bool {
+        self.inner.raft.metrics().borrow().current_leader.is_some()
+    }
+
     /// Installs what handles the application's messages from other nodes (see
     /// [`Self::send_app`]). Only the first call counts; nothing happens without peers.
     pub fn set_app_handler(&self, handler: crate::cluster::AppHandler) {

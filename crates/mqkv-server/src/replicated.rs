@@ -15,9 +15,9 @@
 //! - a connection's will is kept under `w/<client id>` while it is open, so that the others
 //!   can publish it if its node dies (see `survivor`).
 //!
-//! A node cut off from the quorum still accepts connections (after [`CLAIM_WAIT`]): the
-//! broker stays available to the clients that reach it, and the cluster cannot vouch for their
-//! ids until the quorum is back. Session and retained records made meanwhile are written when
+//! A node cut off from the quorum still accepts connections (at once when it knows of no
+//! leader, else after at most [`CLAIM_WAIT`]): the broker stays available to the clients that
+//! reach it, and the cluster cannot vouch for their ids until the quorum is back. Session and retained records made meanwhile are written when
 //! it is. Records of a node's sessions are written a moment after the change, not before its
 //! acknowledgement: a node dying in that moment loses the change. The record of a retained
 //! message that expired stays in the table (never loaded again) until the topic's next one.
@@ -42,7 +42,7 @@ const RETAINED: &[u8] = b"r/";
 pub(crate) const WILL: &[u8] = b"w/";
 
 /// Longest a connection waits for its client id to be claimed before it is accepted anyway.
-pub const CLAIM_WAIT: Duration = Duration::from_secs(2);
+pub const CLAIM_WAIT: Duration = Duration::from_secs(1);
 
 /// Changes gathered into one log entry at most.
 const MAX_BATCH: usize = 1024;
@@ -189,6 +189,15 @@ impl ReplicatedBroker {
         let Some(value) = encode(&owner) else {
             return Err(reason::UNSPECIFIED_ERROR);
         };
+        if !self.node.leader_known() {
+            // No leader to write to (an election, or cut off from the others): accepted at once,
+            // unclaimed, rather than after a wait that cannot end well.
+            tracing::info!(
+                client_id = claim.client_id,
+                "client id not claimed: no leader"
+            );
+            return Ok(self.kept_session(&claim));
+        }
         let mut changes = vec![MetaChange::put(key(OWNER, &claim.client_id), value)];
         if claim.clean_start {
             changes.push(MetaChange::delete(key(SESSION, &claim.client_id)));
@@ -211,15 +220,20 @@ impl ReplicatedBroker {
                 tracing::info!(client_id = claim.client_id, "client id not claimed in time");
             }
         }
-        if claim.clean_start {
-            return Ok(None);
-        }
         // Our own write is applied here, so the table holds the session as the cluster
         // last recorded it.
-        Ok(self.node.read(|m| {
+        Ok(self.kept_session(&claim))
+    }
+
+    /// The session the table keeps for a client that does not start clean.
+    fn kept_session(&self, claim: &Claim) -> Option<SessionRecord> {
+        if claim.clean_start {
+            return None;
+        }
+        self.node.read(|m| {
             m.meta(&key(SESSION, &claim.client_id))
                 .and_then(|v| postcard::from_bytes::<SessionRecord>(v).ok())
-        }))
+        })
     }
 
     /// Records `client_id`'s session as it is here, a moment from now.

@@ -287,7 +287,8 @@ pub async fn connect_any(name: &str, ports: &[u16], from: usize) -> (Client, usi
 pub struct Seen {
     pub acked: HashMap<String, String>,
     pub unknown: HashMap<String, Vec<String>>,
-    pub versions: Vec<String>,
+    /// Every acknowledged write's key and version, in the order they were acknowledged.
+    pub versions: Vec<(String, String)>,
     pub acks_ms: Vec<u64>,
     pub acked_after_kill: usize,
 }
@@ -316,7 +317,7 @@ pub async fn writer(
             Some(a) if a.payload[..] == b"+OK\r\n"[..] => {
                 seen.acks_ms.push(epoch.elapsed().as_millis() as u64);
                 seen.versions
-                    .push(a.user("__ts").expect("a version").to_owned());
+                    .push((key.clone(), a.user("__ts").expect("a version").to_owned()));
                 seen.unknown.remove(&key);
                 seen.acked.insert(key, value);
                 if after_kill {
