@@ -40,12 +40,14 @@ fuzz_target!(|data: &[u8]| {
         if reason > 0 {
             properties.content_type = Some(PropStr::Owned("c".repeat(reason)));
         }
+        let qos = QoS::from_u8((selector >> 2) % 3).unwrap_or(QoS::AtMostOnce);
         Packet::Publish(Publish {
             dup: false,
-            qos: QoS::from_u8((selector >> 2) % 3).unwrap_or(QoS::AtMostOnce),
+            qos,
             retain: selector & 32 == 32,
             topic: "t".repeat(topic),
-            packet_id: if selector & 12 == 0 { 0 } else { 9 },
+            // Only QoS 1 and 2 carry one, and it is never 0.
+            packet_id: if qos == QoS::AtMostOnce { 0 } else { 9 },
             properties,
             payload: Bytes::from(vec![b'p'; payload]),
         })
