@@ -19,11 +19,16 @@ fn length(bytes: &mut impl Iterator<Item = u8>) -> usize {
 fuzz_target!(|data: &[u8]| {
     let mut bytes = data.iter().copied();
     let selector = bytes.next().unwrap_or(0);
-    let level = if selector & 1 == 1 { codec::V5 } else { codec::V311 };
+    let level = if selector & 1 == 1 {
+        codec::V5
+    } else {
+        codec::V311
+    };
     let mut properties = Properties::default();
     let user = length(&mut bytes);
     if user > 0 {
-        properties.user_properties = vec![(PropStr::Owned("k".repeat(user)), PropStr::Owned("v".into()))];
+        properties.user_properties =
+            vec![(PropStr::Owned("k".repeat(user)), PropStr::Owned("v".into()))];
     }
     let reason = length(&mut bytes);
     let packet = if selector & 2 == 2 {
@@ -56,7 +61,10 @@ fuzz_target!(|data: &[u8]| {
     let mut out = BytesMut::new();
     packet.encode(&mut out, level);
     if !fits {
-        assert!(out.is_empty(), "part of a packet that does not fit was written");
+        assert!(
+            out.is_empty(),
+            "part of a packet that does not fit was written"
+        );
         return;
     }
     let again = codec::decode(&mut out, Some(level), usize::MAX)
