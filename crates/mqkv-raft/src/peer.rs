@@ -108,6 +108,15 @@ impl Peer {
     /// Sends `request` without waiting for its answer. Requests posted one after another to
     /// one peer leave in that order.
     pub(crate) async fn post(&self, request: Request) -> Result<(), CallError> {
+        let (link, _, frame) = self.framed(request).await?;
+        link.outgoing
+            .send(frame)
+            .map_err(|_| self.unreachable("the link closed"))
+    }
+
+    /// The open link and `request` numbered and encoded for it; refused while fault injection
+    /// cuts this peer off.
+    async fn framed(&self, request: Request) -> Result<(Arc<Link>, u64, Vec<u8>), CallError> {
         if sync::lock(&self.blocked).contains(&self.node) {
             return Err(self.unreachable("cut off by fault injection"));
         }
@@ -115,9 +124,7 @@ impl Peer {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame =
             rpc::encode(&Envelope { id, body: request }).map_err(|e| self.unreachable(e))?;
-        link.outgoing
-            .send(frame)
-            .map_err(|_| self.unreachable("the link closed"))
+        Ok((link, id, frame))
     }
 
     async fn call_inner(&self, request: Request) -> Result<Response, CallError> {
@@ -127,13 +134,7 @@ impl Peer {
     /// Sends `request` and returns at once with what waits for its answer. Requests sent one
     /// after another to one peer leave, and arrive, in that order.
     pub(crate) async fn send(&self, request: Request) -> Result<Sent, CallError> {
-        if sync::lock(&self.blocked).contains(&self.node) {
-            return Err(self.unreachable("cut off by fault injection"));
-        }
-        let link = self.link().await?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame =
-            rpc::encode(&Envelope { id, body: request }).map_err(|e| self.unreachable(e))?;
+        let (link, id, frame) = self.framed(request).await?;
         let (tx, rx) = oneshot::channel();
         sync::lock(&link.waiting).insert(id, tx);
         let sent = Sent {

@@ -57,6 +57,12 @@ fn remaining(len: usize) -> Result<(), EncodeError> {
 impl Properties {
     /// Whether every field fits, with `over` in place of the block's per-receiver values.
     pub fn check_with(&self, over: &PerReceiver<'_>) -> Result<(), EncodeError> {
+        self.check_fields_with(over)?;
+        remaining(self.body_len_with(over))
+    }
+
+    /// [`Self::check_with`] without the block's total length, for a caller that measures it.
+    fn check_fields_with(&self, over: &PerReceiver<'_>) -> Result<(), EncodeError> {
         let rare = self.rare.as_deref();
         let strings = [
             self.content_type.as_deref(),
@@ -88,7 +94,7 @@ impl Properties {
                 return Err(EncodeError::NumberTooLarge(*id as usize));
             }
         }
-        remaining(self.body_len_with(over))
+        Ok(())
     }
 
     /// [`Self::check_with`] with the block's own per-receiver values.
@@ -100,11 +106,22 @@ impl Properties {
 impl PublishRef<'_> {
     /// Whether this PUBLISH can be encoded at `level`.
     pub fn check(&self, level: u8) -> Result<(), EncodeError> {
+        self.checked_properties_body(level).map(drop)
+    }
+
+    /// [`Self::check`], giving the property block's length (where the level has one), measured
+    /// once for the check and the encoding both.
+    pub(crate) fn checked_properties_body(&self, level: u8) -> Result<Option<usize>, EncodeError> {
         field(self.topic.len())?;
         if level == V5 {
-            self.properties.check_with(&self.per_receiver)?;
+            self.properties.check_fields_with(&self.per_receiver)?;
         }
-        remaining(self.remaining(self.properties_body(level)))
+        let body = self.properties_body(level);
+        if let Some(body) = body {
+            remaining(body)?;
+        }
+        remaining(self.remaining(body))?;
+        Ok(body)
     }
 }
 

@@ -768,10 +768,14 @@ impl<'a> PublishRef<'a> {
     /// Appends the packet to `out`, as the given protocol level spells it; nothing if it
     /// cannot be encoded (see [`limits`]).
     pub fn encode(&self, out: &mut BytesMut, level: u8) {
-        if let Err(e) = self.check(level) {
-            limits::dropped("PUBLISH", e);
-            return;
-        }
+        // Measured once: the length goes both into the fixed header and before the properties.
+        let properties_body = match self.checked_properties_body(level) {
+            Ok(body) => body,
+            Err(e) => {
+                limits::dropped("PUBLISH", e);
+                return;
+            }
+        };
         let mut h = 0x30 | ((self.qos as u8) << 1);
         if self.dup {
             h |= 0x08;
@@ -779,8 +783,6 @@ impl<'a> PublishRef<'a> {
         if self.retain {
             h |= 0x01;
         }
-        // Measured once: the length goes both into the fixed header and before the properties.
-        let properties_body = self.properties_body(level);
         put_header(out, h, self.remaining(properties_body));
         write_bin(out, self.topic.as_bytes());
         if self.qos != QoS::AtMostOnce {
