@@ -20,6 +20,8 @@ pub struct AuthRequest<'a> {
     pub username: Option<&'a str>,
     pub password: Option<&'a Bytes>,
     pub authentication_method: Option<&'a str>,
+    /// The client certificate TLS verified, on a TLS listener that asks for one.
+    pub certificate: Option<&'a crate::transport::PeerCertificate>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
 }
@@ -78,6 +80,7 @@ mod tests {
             username: user,
             password: pw,
             authentication_method: None,
+            certificate: None,
             peer: "10.0.0.2:5000".parse().unwrap(),
             local: local.parse().unwrap(),
         }

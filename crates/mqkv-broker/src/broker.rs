@@ -23,6 +23,7 @@ use crate::session::{Delivery, Enqueued, Message, PendingWill, QueueLimits, Sess
 use crate::subtree::{ClientId, Matches, SubEntry, SubTree};
 use crate::threads::ConnThreads;
 use crate::topic;
+use crate::transport::Transport;
 use smallvec::SmallVec;
 
 /// Subscribers of one publish that the publishing task writes to directly (see `route`). A
@@ -168,6 +169,18 @@ impl Broker {
     /// Binds a TCP listener and serves MQTT on it until shutdown. Returns the bound address.
     /// Up to [`ACCEPTING_THREADS`] connection threads accept from it.
     pub async fn listen(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+        self.listen_on(addr, Transport::Tcp).await
+    }
+
+    /// Binds a listener for clients that reach it over `transport` and serves MQTT on it
+    /// until shutdown. Returns the bound address.
+    pub async fn listen_on(
+        &self,
+        addr: SocketAddr,
+        transport: Transport,
+    ) -> std::io::Result<SocketAddr> {
+        crate::transport::warn_if_exposed(addr, &transport);
+        let transport = Arc::new(transport);
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let listener = listener.into_std()?;
@@ -183,7 +196,7 @@ impl Broker {
             let shutdown = self.inner.shutdown.subscribe();
             self.inner
                 .threads
-                .spawn_on(index, accept_loop(inner, listener, local, shutdown));
+                .spawn_on(index, accept_loop(inner, listener, local, transport.clone(), shutdown));
         }
         Ok(local)
     }
@@ -311,6 +324,7 @@ async fn accept_loop(
     inner: std::sync::Weak<Inner>,
     listener: TcpListener,
     local: SocketAddr,
+    transport: Arc<Transport>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -324,8 +338,9 @@ async fn accept_loop(
                     let Some(inner) = inner.upgrade() else { break };
                     let _ = stream.set_nodelay(true);
                     let conn_inner = inner.clone();
+                    let transport = transport.clone();
                     inner.threads.place(stream, move |stream| {
-                        crate::connection::run(conn_inner, stream, peer, local)
+                        crate::connection::run(conn_inner, stream, peer, local, transport)
                     });
                 }
                 Err(e) => {
@@ -568,12 +583,7 @@ impl Inner {
             }
             if let Some(direct) = direct {
                 if direct.home == here || !spread {
-                    crate::connection::write_ready(
-                        &session,
-                        direct.conn_id,
-                        &direct.writer,
-                        &direct.notify,
-                    );
+                    direct.output.write_ready(&session);
                 } else {
                     self.threads.post(direct.home, session, direct);
                 }

@@ -21,6 +21,7 @@ mod session;
 pub mod subtree;
 mod threads;
 pub mod topic;
+pub mod transport;
 
 pub use broker::Broker;
 pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
@@ -29,3 +30,4 @@ pub use service::{
 };
 pub use session::Message;
 pub use threads::LentThread;
+pub use transport::{Tls, TlsFiles, Transport};

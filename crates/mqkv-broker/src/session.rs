@@ -16,7 +16,6 @@ use tokio::sync::Notify;
 
 use crate::codec::{self, Packet, PerReceiver, Properties, PublishRef, QoS, SubscriptionOptions};
 use crate::config::QueueFullPolicy;
-use crate::connection::Writer;
 
 /// A published message as routed: shared by every session that receives it.
 #[derive(Debug)]
@@ -115,8 +114,8 @@ pub struct Link {
     /// Something was queued, or became ready to send, while `deferred` was set: the reader's
     /// flush has work to do. Without it, the flush can skip the writer's lock.
     queued_while_deferred: bool,
-    /// The connection's socket, for writing queued output from the task that queued it.
-    writer: Option<Writer>,
+    /// How queued output reaches the connection's socket from the task that queued it.
+    output: Option<Arc<dyn Output>>,
     /// The connection thread serving it (see [`crate::threads::current_home`]).
     home: usize,
     /// How a new connection for the same client asks this one to finish what it received.
@@ -214,12 +213,18 @@ impl Handover {
     }
 }
 
+/// How output queued in a session reaches its connection's socket: implemented by the
+/// connection. The session only queues and signals; it holds no socket.
+pub(crate) trait Output: Send + Sync + std::fmt::Debug {
+    /// Writes what `session` has ready for the connection, as far as the socket takes it
+    /// without waiting; the rest is left to the connection's writer task.
+    fn write_ready(&self, session: &Session);
+}
+
 /// What a task needs to write a connection's queued output itself (see
 /// [`Session::enqueue_direct`]).
 pub(crate) struct Direct {
-    pub(crate) conn_id: u64,
-    pub(crate) writer: Writer,
-    pub(crate) notify: Arc<Notify>,
+    pub(crate) output: Arc<dyn Output>,
     /// The connection thread that owns the socket: only a task on it writes directly.
     pub(crate) home: usize,
 }
@@ -281,7 +286,7 @@ impl Link {
             resend: true,
             deferred: false,
             queued_while_deferred: false,
-            writer: None,
+            output: None,
             home: 0,
             handover: Arc::new(Handover::default()),
             sources: Sources::default(),
@@ -351,7 +356,7 @@ impl Session {
 
     /// Queues a message like [`Session::enqueue`], but when the connection's writer could take
     /// it straight away, returns the writer instead of waking the writer task: the caller then
-    /// writes it with [`crate::connection::write_ready`], which saves a task hand-off per
+    /// writes it with [`Output::write_ready`], which saves a task hand-off per
     /// message and gets the message out before the caller's own acknowledgements. `from` is the
     /// connection thread routing the message (see [`crate::threads::current_home`]): where a
     /// connection's messages come from decides whether it is asked to move (see [`Relocate`]).
@@ -395,11 +400,9 @@ impl Session {
             link.count_source(from);
         }
         if direct_from.is_some() && !link.deferred && !link.closing {
-            if let Some(writer) = &link.writer {
+            if let Some(output) = &link.output {
                 let handle = Direct {
-                    conn_id: link.conn_id,
-                    writer: writer.clone(),
-                    notify: link.notify.clone(),
+                    output: output.clone(),
                     home: link.home,
                 };
                 return (result, Some(handle));
@@ -416,13 +419,13 @@ impl Session {
         self.state.lock().link.as_ref().map_or(0, |l| l.home)
     }
 
-    /// Lets other tasks write connection `conn_id`'s output through `writer`. Called on the
-    /// thread that serves the connection.
-    pub(crate) fn set_writer(&self, conn_id: u64, writer: Writer) {
+    /// Lets other tasks write connection `conn_id`'s output through `output`; `home` is the
+    /// connection thread that serves the connection.
+    pub(crate) fn set_output(&self, conn_id: u64, output: Arc<dyn Output>, home: usize) {
         let mut st = self.state.lock();
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
-            link.writer = Some(writer);
-            link.home = crate::threads::current_home();
+            link.output = Some(output);
+            link.home = home;
         }
     }
 

@@ -452,7 +452,7 @@ async fn flush_outbox(outbox: Arc<Outbox>) {
         for posted in batch.drain(..) {
             match posted {
                 Posted::Write(session, d) => {
-                    crate::connection::write_ready(&session, d.conn_id, &d.writer, &d.notify);
+                    d.output.write_ready(&session);
                 }
                 Posted::Wake(task) => task.wake(),
             }

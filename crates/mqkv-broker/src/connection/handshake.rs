@@ -1,0 +1,355 @@
+//! A new connection's first steps: the transport's handshakes (TLS, the WebSocket upgrade),
+//! the CONNECT, authentication, the cluster's claim on the client id, and the CONNACK.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+
+use super::read_room::ReadRoom;
+use super::publish::CachedWaker;
+use super::writing::{self, WriteState, Writer, WriterTask};
+use super::{negotiate, Conn, LiveGuard};
+use crate::auth::AuthRequest;
+use crate::broker::{identity, Inner};
+use crate::codec::{self, reason, ConnAck, Connect, DecodeError, Packet, Properties};
+use crate::session::{Link, Message};
+use crate::subtree::ClientId;
+use crate::topic;
+use crate::transport::{self, ReadHalf, Transport, WriteHalf};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Longest a client may take over the transport's handshakes (TLS, the WebSocket upgrade).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves a connection accepted on a listener of `transport`, from its handshakes to its end.
+pub(crate) async fn run(
+    inner: Arc<Inner>,
+    tcp: tokio::net::TcpStream,
+    peer: SocketAddr,
+    local: SocketAddr,
+    transport: Arc<Transport>,
+) {
+    inner.live_connections.fetch_add(1, Ordering::Relaxed);
+    let live = LiveGuard(inner.clone());
+    tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
+    let max_in = inner.config.max_packet_size as usize;
+    // A WebSocket message may carry a whole packet and the start of the next.
+    let max_message = max_in.saturating_add(MAX_MESSAGE_SLACK);
+    let accepted = tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        transport::accept(tcp, &transport, max_message),
+    )
+    .await;
+    let (stream, certificate) = match accepted {
+        Ok(Ok(accepted)) => accepted,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, kind = transport.kind(), "handshake not finished in time");
+            return;
+        }
+    };
+    let (mut rd, mut wr) = stream.split();
+    let mut read_room = ReadRoom::new();
+    let mut buf = BytesMut::with_capacity(ReadRoom::MIN);
+
+    let connect = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        read_connect(&mut rd, &mut buf, &mut read_room, max_in),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(ConnectFailure::Decode(DecodeError::UnsupportedProtocol(level)))) => {
+            tracing::debug!(%peer, level, "unsupported protocol version");
+            let ack = Packet::ConnAck(ConnAck {
+                reason_code: reason::UNSUPPORTED_PROTOCOL_VERSION,
+                ..Default::default()
+            });
+            let mut out = BytesMut::new();
+            ack.encode(
+                &mut out,
+                if level == codec::V5 {
+                    codec::V5
+                } else {
+                    codec::V311
+                },
+            );
+            send_and_close(&mut wr, out).await;
+            return;
+        }
+        Ok(Err(ConnectFailure::Decode(e))) if peek_level(&buf) == Some(codec::V5) => {
+            // An MQTT 5 CONNECT that breaks the rules: say why before closing.
+            tracing::debug!(%peer, error = %e, "invalid CONNECT");
+            let mut out = BytesMut::new();
+            Packet::ConnAck(ConnAck {
+                reason_code: e.reason_code(),
+                ..Default::default()
+            })
+            .encode(&mut out, codec::V5);
+            send_and_close(&mut wr, out).await;
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = ?e, "connection closed before CONNECT completed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "no CONNECT in time");
+            return;
+        }
+    };
+    let level = connect.protocol_level;
+    let v5 = level == codec::V5;
+
+    let refuse = |code: u8| async move {
+        let mut out = BytesMut::new();
+        Packet::ConnAck(ConnAck {
+            reason_code: code,
+            ..Default::default()
+        })
+        .encode(&mut out, level);
+        out
+    };
+
+    // Client identifier.
+    let mut assigned = None;
+    let client_id: ClientId = if connect.client_id.is_empty() {
+        if !v5 && !connect.clean_start {
+            let out = refuse(reason::CLIENT_IDENTIFIER_NOT_VALID).await;
+            send_and_close(&mut wr, out).await;
+            return;
+        }
+        let id = format!("mqkv-{:016x}", rand::random::<u64>());
+        assigned = Some(id.clone());
+        id.into()
+    } else {
+        connect.client_id.as_str().into()
+    };
+
+    // Will.
+    let will = match &connect.will {
+        None => None,
+        Some(w) => {
+            if !topic::valid_topic_name(&w.topic) {
+                let out = refuse(reason::TOPIC_NAME_INVALID).await;
+                send_and_close(&mut wr, out).await;
+                return;
+            }
+            if w.properties.payload_format_indicator == Some(1)
+                && std::str::from_utf8(&w.payload).is_err()
+            {
+                let out = refuse(reason::PAYLOAD_FORMAT_INVALID).await;
+                send_and_close(&mut wr, out).await;
+                return;
+            }
+            let mut props = w.properties.clone();
+            let delay = props.will_delay_interval.take().unwrap_or(0);
+            Some((
+                Arc::new(Message {
+                    topic: w.topic.clone(),
+                    payload: w.payload.clone(),
+                    qos: w.qos,
+                    retain: w.retain,
+                    expires_at: props
+                        .message_expiry_interval
+                        .map(|s| Instant::now() + Duration::from_secs(u64::from(s))),
+                    properties: props,
+                    publisher: Some(client_id.clone()),
+                }),
+                delay,
+            ))
+        }
+    };
+
+    // Authentication.
+    let principal = match inner.auth.authenticate(&AuthRequest {
+        client_id: &client_id,
+        username: connect.username.as_deref(),
+        password: connect.password.as_ref(),
+        certificate: certificate.as_ref(),
+        authentication_method: connect.properties.authentication_method(),
+        peer,
+        local,
+    }) {
+        Ok(p) => p,
+        Err(code) => {
+            tracing::info!(%peer, client_id = %client_id, code, "connection refused");
+            let out = refuse(code).await;
+            send_and_close(&mut wr, out).await;
+            return;
+        }
+    };
+
+    // Room for one more session, unless the client has one.
+    let full = {
+        let sessions = inner.sessions.lock();
+        sessions.len() >= inner.config.max_sessions && !sessions.contains_key(&client_id)
+    };
+    if full {
+        tracing::info!(%peer, client_id = %client_id, "connection refused: too many sessions");
+        let out = refuse(reason::QUOTA_EXCEEDED).await;
+        send_and_close(&mut wr, out).await;
+        return;
+    }
+
+    let cfg = &inner.config;
+    let granted = negotiate::negotiate(&connect, cfg);
+    let keep_alive = granted.keep_alive;
+    let expiry = granted.expiry;
+
+    let conn_id = inner.next_connection_id();
+    let link = Link::new(
+        conn_id,
+        level,
+        granted.client_receive_max,
+        granted.client_max_packet,
+        granted.client_alias_max,
+    );
+    let notify = link.notify.clone();
+    let handover = link.handover.clone();
+    let relocate = link.relocate.clone();
+    if let Some(federation) = inner.federation.get() {
+        let claim = crate::replicated::Claim {
+            client_id: client_id.to_string(),
+            conn_id,
+            clean_start: connect.clean_start,
+            expiry_interval: expiry,
+            will: will
+                .as_ref()
+                .map(|(m, delay)| crate::replicated::WillRecord {
+                    message: crate::persist::StoredMessage::of(m),
+                    delay: *delay,
+                }),
+        };
+        match federation.claim(claim).await {
+            Ok(Some(record)) if !connect.clean_start => inner.restore(&client_id, record),
+            Ok(_) => {}
+            Err(code) => {
+                tracing::info!(%peer, client_id = %client_id, code, "connection refused by the cluster");
+                let out = refuse(code).await;
+                send_and_close(&mut wr, out).await;
+                return;
+            }
+        }
+    }
+    inner.hand_over(&client_id).await;
+    let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
+    let session = attached.session;
+
+    let props = match v5 {
+        true => negotiate::connack_properties(&granted, &connect, cfg, assigned, &client_id),
+        false => Properties::default(),
+    };
+    session.send_control(
+        conn_id,
+        Packet::ConnAck(ConnAck {
+            session_present: attached.session_present,
+            reason_code: reason::SUCCESS,
+            properties: props,
+        }),
+    );
+    tracing::debug!(%peer, client_id = %client_id, level, "client connected");
+
+    let ident = identity(&client_id, &principal, peer, conn_id);
+    for service in inner.services() {
+        service.on_connect(&ident);
+    }
+
+    let wr: Writer = Arc::new(tokio::sync::Mutex::new(WriteState {
+        half: Some(wr),
+        pending: BytesMut::new(),
+    }));
+    writing::attach(&session, conn_id, &wr, &notify);
+    let writer = WriterTask::spawn(session.clone(), conn_id, notify.clone(), wr.clone(), level);
+    let conn = Conn {
+        inner: inner.clone(),
+        session: session.clone(),
+        conn_id,
+        level,
+        client_id: client_id.clone(),
+        ident: ident.clone(),
+        aliases: Vec::new(),
+        session_expiry: expiry,
+        will,
+        wr,
+        notify,
+        services: inner.service_claims(),
+        waker: CachedWaker::default(),
+        handover,
+        relocate,
+        moves: 0,
+        move_after: Instant::now(),
+        published: false,
+        read_room,
+        queued: VecDeque::new(),
+        front_fresh: false,
+    };
+    conn.serve(rd, buf, keep_alive, writer, live).await;
+}
+
+#[derive(Debug)]
+pub(super) enum ConnectFailure {
+    Io,
+    Decode(DecodeError),
+    NotConnect,
+}
+
+/// The protocol level of a CONNECT at the front of `buf`, if that much has arrived.
+pub(super) fn peek_level(buf: &[u8]) -> Option<u8> {
+    let header_len = 1 + buf.iter().skip(1).take(4).position(|b| b & 0x80 == 0)? + 1;
+    let rest = buf.get(header_len..)?;
+    if rest.get(..6)? == b"\x00\x04MQTT" {
+        rest.get(6).copied()
+    } else {
+        None
+    }
+}
+
+pub(super) async fn read_connect(
+    rd: &mut ReadHalf,
+    buf: &mut BytesMut,
+    read_room: &mut ReadRoom,
+    max: usize,
+) -> Result<Connect, ConnectFailure> {
+    loop {
+        if buf.first().is_some_and(|b| b >> 4 != 1) {
+            // Not a CONNECT: no need to wait for the rest of it.
+            return Err(ConnectFailure::NotConnect);
+        }
+        // Decode from a view so that a rejected CONNECT stays in `buf` for `peek_level`.
+        let mut view = buf.clone();
+        let decoded = codec::decode(&mut view, None, max);
+        if decoded.is_ok() {
+            *buf = view;
+        }
+        match decoded {
+            Ok(Some(Packet::Connect(c))) => return Ok(*c),
+            Ok(Some(_)) => return Err(ConnectFailure::NotConnect),
+            Ok(None) => {}
+            Err(e) => return Err(ConnectFailure::Decode(e)),
+        }
+        let room = read_room.make(buf);
+        match rd.read_buf(buf).await {
+            Ok(0) | Err(_) => return Err(ConnectFailure::Io),
+            Ok(n) => read_room.read(n, room),
+        }
+    }
+}
+
+/// How much larger than the largest packet a WebSocket message may be.
+const MAX_MESSAGE_SLACK: usize = 64 * 1024;
+
+/// Sends `out` (a refusing CONNACK) and closes the sending side.
+pub(super) async fn send_and_close(wr: &mut WriteHalf, mut out: BytesMut) {
+    if wr.write_all(&mut out).await.is_ok() {
+        wr.shutdown().await;
+    }
+}

@@ -1,0 +1,205 @@
+//! Writing a connection's output: its writer task, and writes made straight from the task
+//! that queued the output.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, BytesMut};
+use tokio::sync::Notify;
+
+use crate::codec::{self, reason, Packet};
+use crate::session::Session;
+use crate::transport::WriteHalf;
+
+const WRITE_BATCH: usize = 256 * 1024;
+
+/// The write side, shared by the writer task and the reader's inline flush: the socket half
+/// and bytes encoded but not yet written.
+pub(super) struct WriteState {
+    /// None while the connection moves to another thread (see [`Conn::try_move`]).
+    pub(super) half: Option<WriteHalf>,
+    pub(super) pending: BytesMut,
+}
+
+impl std::fmt::Debug for WriteState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteState")
+            .field("pending", &self.pending.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection's write half and what is waiting to go out on it. Its writer task holds the
+/// lock while it waits for the socket; other tasks only ever `try_lock` it.
+pub(super) type Writer = Arc<tokio::sync::Mutex<WriteState>>;
+
+/// Writes what session `conn_id` has ready, from the calling task, as far as the socket takes it
+/// without waiting. The rest, and anything unusual (closing, takeover, a busy writer), is left to
+/// the writer task, woken through `notify`.
+pub(crate) fn write_ready(session: &Session, conn_id: u64, wr: &Writer, notify: &Notify) {
+    let Ok(mut guard) = wr.try_lock() else {
+        notify.notify_one();
+        return;
+    };
+    let w = &mut *guard;
+    if !w.pending.is_empty() {
+        notify.notify_one();
+        return;
+    }
+    if session.drain(conn_id, &mut w.pending, WRITE_BATCH) != Some(false) {
+        notify.notify_one();
+        return;
+    }
+    if let Some(half) = &w.half {
+        while !w.pending.is_empty() {
+            match half.try_write(&w.pending) {
+                Some(Ok(n)) if n > 0 => w.pending.advance(n),
+                _ => break,
+            }
+        }
+    }
+    if !w.pending.is_empty() || session.has_ready(conn_id) {
+        notify.notify_one();
+    }
+}
+
+/// Writes everything the session has ready for this connection, waiting for the socket as
+/// needed. Returns true when the connection is finished (closed, taken over, or failed).
+pub(super) async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut WriteState) -> bool {
+    let WriteState { half, pending } = w;
+    // Only the connection's own writer task flushes, and it is stopped before the half is
+    // taken to move the connection (see `Conn::try_move`).
+    let Some(half) = half.as_mut() else {
+        return false;
+    };
+    loop {
+        if !pending.is_empty() {
+            if half.write_all(pending).await.is_err() {
+                return true;
+            }
+            pending.clear();
+        }
+        match session.drain(conn_id, pending, WRITE_BATCH) {
+            None => {
+                // The session moved to another connection.
+                if level == codec::V5 {
+                    Packet::Disconnect(codec::Disconnect {
+                        reason_code: reason::SESSION_TAKEN_OVER,
+                        ..Default::default()
+                    })
+                    .encode(pending, level);
+                    let _ = half.write_all(pending).await;
+                }
+                half.shutdown().await;
+                return true;
+            }
+            Some(close) => {
+                if !pending.is_empty() {
+                    if half.write_all(pending).await.is_err() {
+                        return true;
+                    }
+                    pending.clear();
+                }
+                if close {
+                    half.shutdown().await;
+                    return true;
+                }
+            }
+        }
+        if !session.has_ready(conn_id) {
+            return false;
+        }
+    }
+}
+
+/// A connection's writer task, and the flag it raises when it ends (returning, failing or
+/// stopped): the read loop polls the task's handle once, to be woken when it ends, and after
+/// that only once the flag is up. Polling the handle on every pass would cost the read loop a
+/// poll of the task's state and of the cooperative budget for every packet.
+pub(super) struct WriterTask {
+    pub(super) handle: tokio::task::JoinHandle<()>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+    registered: bool,
+}
+
+impl WriterTask {
+    pub(super) fn spawn(
+        session: Arc<Session>,
+        conn_id: u64,
+        notify: Arc<tokio::sync::Notify>,
+        wr: Writer,
+        level: u8,
+    ) -> WriterTask {
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let raise = RaiseOnDrop(ended.clone());
+        let handle = tokio::spawn(async move {
+            let _raise = raise;
+            write_loop(session, conn_id, notify, wr, level).await;
+        });
+        WriterTask {
+            handle,
+            ended,
+            registered: false,
+        }
+    }
+
+    /// Ready once the writer task has ended.
+    pub(super) fn poll_ended(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let ended = self.ended.load(Ordering::Acquire);
+        // Outside the cooperative budget, so the first poll always registers this task.
+        let handle = std::pin::pin!(tokio::task::unconstrained(&mut self.handle));
+        super::poll_event(handle, &mut self.registered, ended, cx).map(|_| ())
+    }
+}
+
+/// Raises its flag when dropped: when the task holding it ends, however it ends.
+pub(super) struct RaiseOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for RaiseOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+pub(super) async fn write_loop(
+    session: Arc<Session>,
+    conn_id: u64,
+    notify: Arc<tokio::sync::Notify>,
+    wr: Writer,
+    level: u8,
+) {
+    loop {
+        notify.notified().await;
+        let mut w = wr.lock().await;
+        if flush(&session, conn_id, level, &mut w).await {
+            return;
+        }
+    }
+}
+
+/// How the session's output reaches this connection's socket, for tasks other than the
+/// connection's own (see [`crate::session::Output`]).
+#[derive(Debug)]
+pub(super) struct Outlet {
+    conn_id: u64,
+    wr: Writer,
+    notify: Arc<Notify>,
+}
+
+impl crate::session::Output for Outlet {
+    fn write_ready(&self, session: &Session) {
+        write_ready(session, self.conn_id, &self.wr, &self.notify);
+    }
+}
+
+/// Lets tasks other than the connection's own write `session`'s output for connection
+/// `conn_id` through `wr`. Called on the thread that serves the connection.
+pub(super) fn attach(session: &Session, conn_id: u64, wr: &Writer, notify: &Arc<Notify>) {
+    let outlet = Outlet {
+        conn_id,
+        wr: wr.clone(),
+        notify: notify.clone(),
+    };
+    session.set_output(conn_id, Arc::new(outlet), crate::threads::current_home());
+}

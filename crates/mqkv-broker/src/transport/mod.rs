@@ -1,0 +1,280 @@
+//! The byte streams a client connection runs over: plain TCP, TLS, and WebSocket over either.
+//!
+//! A listener says which ([`Transport`]); [`accept`] runs the TLS and WebSocket handshakes on an
+//! accepted socket and gives a [`Stream`], which a connection splits into a [`ReadHalf`] and a
+//! [`WriteHalf`]. The connection reads and writes MQTT bytes through these and does not look
+//! behind them: packets split across WebSocket frames, or several in one frame, reach it as one
+//! stream of bytes.
+
+mod io;
+pub mod tls;
+pub mod ws;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+pub use io::Io;
+pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles};
+
+/// How clients reach a listener.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// MQTT straight over TCP.
+    Tcp,
+    /// MQTT over TLS.
+    Tls(Arc<Tls>),
+    /// MQTT over WebSocket, upgraded from an HTTP request for `path`.
+    Ws { path: String },
+    /// MQTT over WebSocket over TLS.
+    Wss { tls: Arc<Tls>, path: String },
+}
+
+impl Transport {
+    /// The short name used in configuration and logs: `tcp`, `tls`, `ws` or `wss`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transport::Tcp => "tcp",
+            Transport::Tls(_) => "tls",
+            Transport::Ws { .. } => "ws",
+            Transport::Wss { .. } => "wss",
+        }
+    }
+
+    /// Whether traffic on it is encrypted.
+    pub fn is_secure(&self) -> bool {
+        matches!(self, Transport::Tls(_) | Transport::Wss { .. })
+    }
+}
+
+/// Why a transport handshake failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AcceptError {
+    #[error("TLS handshake failed: {0}")]
+    Tls(std::io::Error),
+    #[error("WebSocket upgrade refused: {0}")]
+    WebSocket(#[from] ws::UpgradeError),
+}
+
+/// An accepted connection once its transport's handshakes are done.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Ws(Box<WebSocketStream<Io>>),
+}
+
+/// Runs the handshakes `transport` needs on an accepted socket: TLS, then the WebSocket
+/// upgrade. Returns the stream and the client certificate TLS verified, if any. `max_message`
+/// bounds a WebSocket message (and frame).
+pub(crate) async fn accept(
+    tcp: TcpStream,
+    transport: &Transport,
+    max_message: usize,
+) -> Result<(Stream, Option<PeerCertificate>), AcceptError> {
+    match transport {
+        Transport::Tcp => Ok((Stream::Tcp(tcp), None)),
+        Transport::Tls(tls) => {
+            let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
+            let cert = tls::peer_certificate(stream.get_ref().1);
+            Ok((Stream::Tls(Box::new(stream)), cert))
+        }
+        Transport::Ws { path } => {
+            let ws = ws::upgrade(Io::Tcp(tcp), path, max_message).await?;
+            Ok((Stream::Ws(Box::new(ws)), None))
+        }
+        Transport::Wss { tls, path } => {
+            let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
+            let cert = tls::peer_certificate(stream.get_ref().1);
+            let ws = ws::upgrade(Io::Tls(Box::new(stream)), path, max_message).await?;
+            Ok((Stream::Ws(Box::new(ws)), cert))
+        }
+    }
+}
+
+impl Stream {
+    pub(crate) fn split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Tls(s) => {
+                let (r, w) = tokio::io::split(Io::Tls(s));
+                (ReadHalf::Io(r), WriteHalf::Io(w))
+            }
+            Stream::Ws(s) => {
+                let (w, r) = (*s).split();
+                (ReadHalf::Ws(r), WriteHalf::Ws(w))
+            }
+        }
+    }
+}
+
+/// The reading side of a connection.
+pub(crate) enum ReadHalf {
+    Tcp(OwnedReadHalf),
+    Io(tokio::io::ReadHalf<Io>),
+    Ws(futures_util::stream::SplitStream<WebSocketStream<Io>>),
+}
+
+/// The writing side of a connection.
+pub(crate) enum WriteHalf {
+    Tcp(OwnedWriteHalf),
+    Io(tokio::io::WriteHalf<Io>),
+    Ws(futures_util::stream::SplitSink<WebSocketStream<Io>, Message>),
+}
+
+impl ReadHalf {
+    /// Appends what arrives next to `buf`, waiting for it; 0 when the peer closed the
+    /// connection. Cancel safe: dropped before it completes, it has taken nothing.
+    pub(crate) async fn read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        match self {
+            ReadHalf::Tcp(r) => r.read_buf(buf).await,
+            ReadHalf::Io(r) => r.read_buf(buf).await,
+            ReadHalf::Ws(r) => loop {
+                match r.next().await {
+                    None => return Ok(0),
+                    Some(Ok(m)) => {
+                        if let Some(n) = ws::take(m, buf)? {
+                            return Ok(n);
+                        }
+                    }
+                    Some(Err(e)) => return Err(ws::io_error(e)),
+                }
+            },
+        }
+    }
+
+    /// Appends what has arrived already to `buf`, without waiting: `WouldBlock` when nothing
+    /// has.
+    pub(crate) fn try_read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
+        let would_block = || Err(std::io::ErrorKind::WouldBlock.into());
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self {
+            ReadHalf::Tcp(r) => r.try_read_buf(buf),
+            ReadHalf::Io(r) => {
+                let room = buf.spare_capacity_mut();
+                let mut rb = ReadBuf::uninit(room);
+                match std::pin::Pin::new(r).poll_read(&mut cx, &mut rb) {
+                    Poll::Ready(Ok(())) => {
+                        let n = rb.filled().len();
+                        // SAFETY: `poll_read` initialised the first `n` bytes of the spare room.
+                        unsafe { buf.set_len(buf.len() + n) };
+                        Ok(n)
+                    }
+                    Poll::Ready(Err(e)) => Err(e),
+                    Poll::Pending => would_block(),
+                }
+            }
+            ReadHalf::Ws(r) => loop {
+                match r.poll_next_unpin(&mut cx) {
+                    Poll::Pending => return would_block(),
+                    Poll::Ready(None) => return Ok(0),
+                    Poll::Ready(Some(Ok(m))) => {
+                        if let Some(n) = ws::take(m, buf)? {
+                            return Ok(n);
+                        }
+                    }
+                    Poll::Ready(Some(Err(e))) => return Err(ws::io_error(e)),
+                }
+            },
+        }
+    }
+
+    /// The TCP socket underneath, where the connection is plain TCP.
+    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
+        match self {
+            ReadHalf::Tcp(r) => Some(r.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+impl WriteHalf {
+    /// Writes as much of `buf` as the socket takes without waiting, on plain TCP; `None` on
+    /// transports that cannot (TLS and WebSocket frame and encrypt as they write, and a write
+    /// that stops halfway is finished by the writer task).
+    pub(crate) fn try_write(&self, buf: &[u8]) -> Option<std::io::Result<usize>> {
+        match self {
+            WriteHalf::Tcp(w) => Some(w.try_write(buf)),
+            _ => None,
+        }
+    }
+
+    /// Writes all of `buf` (leaving it empty), waiting for the socket as needed.
+    pub(crate) async fn write_all(&mut self, buf: &mut BytesMut) -> std::io::Result<()> {
+        match self {
+            WriteHalf::Tcp(w) => w.write_all(buf).await?,
+            WriteHalf::Io(w) => {
+                w.write_all(buf).await?;
+                w.flush().await?;
+            }
+            WriteHalf::Ws(w) => {
+                let bytes: Bytes = buf.split().freeze();
+                return w
+                    .send(Message::Binary(bytes))
+                    .await
+                    .map_err(ws::io_error);
+            }
+        }
+        buf.clear();
+        Ok(())
+    }
+
+    /// Closes the sending side: a TCP FIN, TLS close notify, or a WebSocket close frame.
+    pub(crate) async fn shutdown(&mut self) {
+        match self {
+            WriteHalf::Tcp(w) => {
+                let _ = w.shutdown().await;
+            }
+            WriteHalf::Io(w) => {
+                let _ = w.shutdown().await;
+            }
+            WriteHalf::Ws(w) => {
+                let _ = w.close().await;
+            }
+        }
+    }
+}
+
+/// The plain TCP socket of a connection split into `rd` and `wr`, to move to another thread's
+/// poller. Only plain TCP connections move: a TLS session's state lives in the stream that
+/// wraps the socket, and the TLS library gives no way to take it off one socket registration
+/// and onto another, so TLS and WebSocket connections stay on the thread that accepted them.
+/// `Err` gives the halves back.
+pub(crate) fn reunite(
+    rd: ReadHalf,
+    wr: WriteHalf,
+) -> Result<std::io::Result<std::net::TcpStream>, (ReadHalf, WriteHalf)> {
+    match (rd, wr) {
+        (ReadHalf::Tcp(r), WriteHalf::Tcp(w)) => match r.reunite(w) {
+            Ok(s) => Ok(s.into_std()),
+            Err(e) => Err((ReadHalf::Tcp(e.0), WriteHalf::Tcp(e.1))),
+        },
+        (r, w) => Err((r, w)),
+    }
+}
+
+/// Whether a connection over these halves can move between threads (see [`reunite`]).
+pub(crate) fn movable(rd: &ReadHalf) -> bool {
+    matches!(rd, ReadHalf::Tcp(_))
+}
+
+/// Logs a listener that accepts clients from beyond this machine without encryption.
+pub fn warn_if_exposed(addr: SocketAddr, transport: &Transport) {
+    if !transport.is_secure() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            %addr,
+            kind = transport.kind(),
+            "listener without TLS on a non-loopback address: credentials and data cross the network in clear"
+        );
+    }
+}

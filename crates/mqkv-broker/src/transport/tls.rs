@@ -1,0 +1,191 @@
+//! TLS for listeners: certificates and keys from PEM files, optional client certificates
+//! verified against a CA bundle, and reloading the files while clients stay connected.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig, ServerConnection};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+
+/// Where a TLS listener's certificate, key and client CA bundle are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The server's certificate chain, PEM, leaf first.
+    pub cert: PathBuf,
+    /// The server's private key, PEM: PKCS#8, PKCS#1 (RSA) or SEC1 (EC).
+    pub key: PathBuf,
+    /// CA certificates, PEM, that client certificates are verified against.
+    pub client_ca: Option<PathBuf>,
+    /// Refuse clients without a certificate the CA bundle vouches for. Without it, a client
+    /// may connect without one, but a certificate it presents must still verify.
+    pub require_client_cert: bool,
+}
+
+/// Why TLS files could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("{path} holds no certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A TLS listener's settings, current and reloadable.
+#[derive(Debug)]
+pub struct Tls {
+    files: TlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Tls {
+    /// Reads and checks the files.
+    pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
+        let config = server_config(&files)?;
+        Ok(Tls {
+            files,
+            current: RwLock::new(Arc::new(config)),
+        })
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// Reads the files again; new connections use what they hold, connected clients keep
+    /// their sessions. On failure the settings in use stay.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let config = server_config(&self.files)?;
+        *self.current.write() = Arc::new(config);
+        Ok(())
+    }
+
+    /// Runs the server side of a TLS handshake.
+    pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+        let config = self.current.read().clone();
+        tokio_rustls::TlsAcceptor::from(config).accept(tcp).await
+    }
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read = |reason: String| TlsError::Read {
+        path: path.to_owned(),
+        reason,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| read(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| read(e.to_string()))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+    let chain = read_certs(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::Read {
+        path: files.key.clone(),
+        reason: e.to_string(),
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &files.client_ca {
+        None if files.require_client_cert => {
+            return Err(TlsError::Config(
+                "requiring client certificates needs a client CA bundle".into(),
+            ))
+        }
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in read_certs(ca)? {
+                roots.add(cert).map_err(|e| TlsError::Read {
+                    path: ca.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+            let verifier = if files.require_client_cert {
+                verifier
+            } else {
+                verifier.allow_unauthenticated()
+            };
+            let verifier = verifier
+                .build()
+                .map_err(|e| TlsError::Config(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder
+        .with_single_cert(chain, key)
+        .map_err(|e| TlsError::Config(format!("certificate and key do not fit: {e}")))
+}
+
+/// A client certificate that TLS verified: what authentication may identify the client by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCertificate {
+    /// The subject, as an RFC 4514 string (`CN=device-1,O=Contoso`).
+    pub subject: String,
+    /// The subject's common name, if it has one.
+    pub common_name: Option<String>,
+    /// Subject alternative names: DNS names, e-mail addresses, URIs and IP addresses.
+    pub subject_alt_names: Vec<String>,
+    /// The certificate, DER.
+    pub der: Vec<u8>,
+}
+
+/// The verified client certificate of a finished handshake, if the client sent one.
+pub(crate) fn peer_certificate(conn: &ServerConnection) -> Option<PeerCertificate> {
+    let der = conn.peer_certificates()?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let common_name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned);
+    let mut subject_alt_names = Vec::new();
+    if let Ok(Some(san)) = cert.subject_alternative_name() {
+        use x509_parser::extensions::GeneralName;
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) | GeneralName::RFC822Name(n) | GeneralName::URI(n) => {
+                    subject_alt_names.push((*n).to_owned())
+                }
+                GeneralName::IPAddress(ip) => {
+                    let ip = match ip.len() {
+                        4 => <[u8; 4]>::try_from(*ip)
+                            .ok()
+                            .map(|b| std::net::IpAddr::from(b).to_string()),
+                        16 => <[u8; 16]>::try_from(*ip)
+                            .ok()
+                            .map(|b| std::net::IpAddr::from(b).to_string()),
+                        _ => None,
+                    };
+                    subject_alt_names.extend(ip);
+                }
+                _ => {}
+            }
+        }
+    }
+    Some(PeerCertificate {
+        subject: subject.to_string(),
+        common_name,
+        subject_alt_names,
+        der: der.to_vec(),
+    })
+}

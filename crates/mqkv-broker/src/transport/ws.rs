@@ -1,0 +1,278 @@
+//! MQTT over WebSocket (RFC 6455): the HTTP upgrade, and MQTT bytes in binary messages.
+//!
+//! The upgrade is answered here rather than by the WebSocket library, so that a request that
+//! is not a WebSocket upgrade for the MQTT path gets an HTTP error that says what is wrong,
+//! and the `mqtt` subprotocol (or the older `mqttv3.1`) is chosen. The library then frames
+//! the connection: pings are answered, fragmented messages put together, and messages over
+//! the size limit refused.
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::WebSocketStream;
+
+use super::Io;
+
+/// Longest HTTP request head taken.
+const MAX_HEAD: usize = 8 * 1024;
+/// Most header lines taken.
+const MAX_HEADERS: usize = 32;
+/// The subprotocols MQTT clients ask for, in order of preference.
+const SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
+
+/// Why an upgrade was refused; the client was told with an HTTP error where it could be.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error("connection closed during the upgrade")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("request head larger than {MAX_HEAD} bytes")]
+    TooLarge,
+    #[error("malformed HTTP request")]
+    Malformed,
+    #[error("{status}: {reason}")]
+    Refused { status: u16, reason: &'static str },
+}
+
+/// A request head that asks for the upgrade: the key to answer and the subprotocol chosen.
+#[derive(Debug, PartialEq, Eq)]
+struct Upgrade {
+    key: String,
+    protocol: Option<&'static str>,
+}
+
+fn refused(status: u16, reason: &'static str) -> UpgradeError {
+    UpgradeError::Refused { status, reason }
+}
+
+/// Checks an HTTP request head (without the blank line's bytes mattering) for a WebSocket
+/// upgrade of `path` that an MQTT client may use.
+fn check(req: &httparse::Request<'_, '_>, path: &str) -> Result<Upgrade, UpgradeError> {
+    if req.method != Some("GET") {
+        return Err(refused(405, "only GET upgrades to WebSocket"));
+    }
+    let asked = req.path.unwrap_or("");
+    let asked = asked.split('?').next().unwrap_or("");
+    if asked != path {
+        return Err(refused(404, "no MQTT WebSocket endpoint at this path"));
+    }
+    let header = |name: &'static str| {
+        req.headers
+            .iter()
+            .filter(move |h| h.name.eq_ignore_ascii_case(name))
+            .filter_map(|h| std::str::from_utf8(h.value).ok())
+    };
+    let has_token = |name: &'static str, token: &str| {
+        header(name).any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    };
+    if !has_token("upgrade", "websocket") || !has_token("connection", "upgrade") {
+        return Err(refused(
+            426,
+            "this endpoint speaks MQTT over WebSocket; upgrade the connection",
+        ));
+    }
+    if !header("sec-websocket-version").any(|v| v.trim() == "13") {
+        return Err(refused(426, "WebSocket version 13 is required"));
+    }
+    let key = header("sec-websocket-key")
+        .next()
+        .map(|k| k.trim().to_owned())
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| refused(400, "Sec-WebSocket-Key is missing"))?;
+    let offered: Vec<String> = header("sec-websocket-protocol")
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_ascii_lowercase())
+        .collect();
+    let protocol = if offered.is_empty() {
+        // Some clients ask for none; the stream is MQTT all the same.
+        None
+    } else {
+        let chosen = SUBPROTOCOLS
+            .iter()
+            .find(|p| offered.iter().any(|o| o == *p))
+            .copied();
+        Some(chosen.ok_or_else(|| refused(400, "the mqtt subprotocol is required"))?)
+    };
+    Ok(Upgrade { key, protocol })
+}
+
+/// Answers the WebSocket upgrade of an HTTP request for `path` on `io`, or refuses it with an
+/// HTTP error.
+pub(crate) async fn upgrade(
+    mut io: Io,
+    path: &str,
+    max_message: usize,
+) -> Result<WebSocketStream<Io>, UpgradeError> {
+    let mut buf = BytesMut::with_capacity(1024);
+    let (upgrade, head_len) = loop {
+        if io.read_buf(&mut buf).await? == 0 {
+            return Err(UpgradeError::Closed);
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        let parsed = req.parse(&buf);
+        match parsed {
+            Ok(httparse::Status::Complete(n)) => break (check(&req, path), n),
+            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
+            Ok(httparse::Status::Partial) => {
+                let e = UpgradeError::TooLarge;
+                respond_error(&mut io, 431, "request head too large").await;
+                return Err(e);
+            }
+            Err(httparse::Error::TooManyHeaders) => {
+                respond_error(&mut io, 431, "too many header lines").await;
+                return Err(UpgradeError::TooLarge);
+            }
+            Err(_) => {
+                respond_error(&mut io, 400, "malformed HTTP request").await;
+                return Err(UpgradeError::Malformed);
+            }
+        }
+    };
+    let upgrade = match upgrade {
+        Ok(u) => u,
+        Err(UpgradeError::Refused { status, reason }) => {
+            respond_error(&mut io, status, reason).await;
+            return Err(refused(status, reason));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut response = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
+        derive_accept_key(upgrade.key.as_bytes())
+    );
+    if let Some(p) = upgrade.protocol {
+        response.push_str(&format!("Sec-WebSocket-Protocol: {p}\r\n"));
+    }
+    response.push_str("\r\n");
+    io.write_all(response.as_bytes()).await?;
+    io.flush().await?;
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message));
+    // Frames the client sent right behind its request are the stream's first bytes.
+    let rest = buf.split_off(head_len).to_vec();
+    Ok(WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await)
+}
+
+async fn respond_error(io: &mut Io, status: u16, reason: &str) {
+    let title = match status {
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        426 => "Upgrade Required",
+        431 => "Request Header Fields Too Large",
+        _ => "Error",
+    };
+    let body = format!("{reason}\n");
+    let mut response = format!(
+        "HTTP/1.1 {status} {title}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    if status == 426 {
+        response.push_str("Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n");
+    }
+    response.push_str("\r\n");
+    response.push_str(&body);
+    let _ = io.write_all(response.as_bytes()).await;
+    let _ = io.shutdown().await;
+}
+
+/// Takes what a received message carries: a binary message's bytes are appended to `buf`
+/// (`Some(n)`, `None` for an empty one), a close is the end of the stream (`Some(0)`), control
+/// messages are skipped (`None`; the library answers pings), and a text message breaks the
+/// MQTT binding (an error).
+pub(crate) fn take(m: Message, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
+    match m {
+        Message::Binary(b) if b.is_empty() => Ok(None),
+        Message::Binary(b) => {
+            buf.extend_from_slice(&b);
+            Ok(Some(b.len()))
+        }
+        Message::Close(_) => Ok(Some(0)),
+        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => Ok(None),
+        Message::Text(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "text WebSocket message: MQTT travels in binary messages",
+        )),
+    }
+}
+
+/// A WebSocket error as an I/O error.
+pub(crate) fn io_error(e: tungstenite::Error) -> std::io::Error {
+    match e {
+        tungstenite::Error::Io(e) => e,
+        tungstenite::Error::ConnectionClosed | tungstenite::Error::AlreadyClosed => {
+            std::io::ErrorKind::ConnectionAborted.into()
+        }
+        e => std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(head: &str, path: &str) -> Result<Upgrade, UpgradeError> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(matches!(
+            req.parse(head.as_bytes()),
+            Ok(httparse::Status::Complete(_))
+        ));
+        check(&req, path)
+    }
+
+    const GOOD: &str = "GET /mqtt HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: keep-alive, Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqttv3.1, mqtt\r\n\r\n";
+
+    fn status(r: Result<Upgrade, UpgradeError>) -> u16 {
+        match r {
+            Err(UpgradeError::Refused { status, .. }) => status,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_mqtt_upgrade_gets_the_mqtt_subprotocol() {
+        let u = parse(GOOD, "/mqtt").expect("accepted");
+        assert_eq!(u.key, "dGhlIHNhbXBsZSBub25jZQ==");
+        assert_eq!(u.protocol, Some("mqtt"));
+        let old = GOOD.replace("mqttv3.1, mqtt", "mqttv3.1");
+        assert_eq!(parse(&old, "/mqtt").expect("ok").protocol, Some("mqttv3.1"));
+        let none = GOOD.replace("Sec-WebSocket-Protocol: mqttv3.1, mqtt\r\n", "");
+        assert_eq!(parse(&none, "/mqtt").expect("ok").protocol, None);
+        let query = GOOD.replace("GET /mqtt ", "GET /mqtt?x=1 ");
+        assert!(parse(&query, "/mqtt").is_ok());
+    }
+
+    #[test]
+    fn requests_that_are_not_mqtt_upgrades_get_an_http_error() {
+        assert_eq!(status(parse(GOOD, "/other")), 404);
+        assert_eq!(status(parse(&GOOD.replace("GET", "POST"), "/mqtt")), 405);
+        assert_eq!(
+            status(parse("GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n", "/mqtt")),
+            426
+        );
+        assert_eq!(
+            status(parse(&GOOD.replace("Version: 13", "Version: 8"), "/mqtt")),
+            426
+        );
+        assert_eq!(
+            status(parse(
+                &GOOD.replace("mqttv3.1, mqtt", "chat, superchat"),
+                "/mqtt"
+            )),
+            400
+        );
+        assert_eq!(
+            status(parse(
+                &GOOD.replace("Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n", ""),
+                "/mqtt"
+            )),
+            400
+        );
+    }
+}
