@@ -194,9 +194,10 @@ impl Broker {
             // a broker whose every handle was dropped accepting for ever.
             let inner = Arc::downgrade(&self.inner);
             let shutdown = self.inner.shutdown.subscribe();
-            self.inner
-                .threads
-                .spawn_on(index, accept_loop(inner, listener, local, transport.clone(), shutdown));
+            self.inner.threads.spawn_on(
+                index,
+                accept_loop(inner, listener, local, transport.clone(), shutdown),
+            );
         }
         Ok(local)
     }

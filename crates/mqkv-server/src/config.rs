@@ -209,8 +209,12 @@ impl ClusterConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
-    /// MQTT listeners.
+    /// Plain TCP MQTT listeners.
     pub listen: Vec<SocketAddr>,
+    /// Listeners of every kind (`tcp`, `tls`, `ws`, `wss`), beside those of `listen`.
+    pub listeners: Vec<crate::listeners::ListenerConfig>,
+    /// TLS settings for the TLS and WebSocket-over-TLS listeners that give none of their own.
+    pub tls: crate::listeners::TlsDefaults,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub broker: BrokerConfig,
@@ -255,6 +259,8 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 1883))],
+            listeners: Vec::new(),
+            tls: crate::listeners::TlsDefaults::default(),
             data_dir: PathBuf::from("./mqkv-data"),
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),

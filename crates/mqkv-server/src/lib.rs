@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod config;
 pub mod federation;
+pub mod listeners;
 pub mod persistence;
 pub mod replicated;
 pub mod statestore;
@@ -16,13 +17,18 @@ use mqkv_broker::Broker;
 use mqkv_raft::StoreNode;
 
 pub use config::{ClusterConfig, RaftThread, ServerConfig, StorageKind};
+pub use listeners::{Endpoint, ListenerConfig, ListenerKind, TlsDefaults};
 pub use mqkv_raft::{set_after_snapshot, DEFAULT_PIPELINE_DEPTH};
 
 /// A started server.
 pub struct Server {
     pub broker: Broker,
-    /// The bound listener addresses, in configuration order.
+    /// The bound addresses of the plain TCP listeners, in configuration order.
     pub listeners: Vec<SocketAddr>,
+    /// Every bound listener: plain TCP first, then the `[[listeners]]` tables in order.
+    pub endpoints: Vec<Endpoint>,
+    /// The TLS settings of the TLS listeners, reloaded by [`Server::reload_tls`].
+    tls: Vec<Arc<mqkv_broker::Tls>>,
     saver: Option<persistence::Saver>,
     node: StoreNode,
 }
@@ -41,6 +47,8 @@ pub enum StartError {
     Import(#[from] mqkv_broker::persist::ImportError),
     #[error("invalid cluster settings: {0}")]
     Cluster(String),
+    #[error(transparent)]
+    Listener(#[from] listeners::ListenerError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -153,27 +161,63 @@ impl Server {
                 replicated::ReplicatedBroker::start(&broker, node.clone(), &replicated_cell);
             federation::ClusterFederation::start(&broker, node.clone(), replicated);
         }
-        let mut listeners = Vec::new();
-        for addr in &config.listen {
-            match broker.listen(*addr).await {
-                Ok(bound) => listeners.push(bound),
+        let (planned, tls) = match listeners::plan(&config.listen, &config.listeners, &config.tls) {
+            Ok(planned) => planned,
+            Err(e) => {
+                broker.shutdown(Duration::ZERO).await;
+                return Err(e.into());
+            }
+        };
+        let mut endpoints = Vec::new();
+        for l in planned {
+            match broker.listen_on(l.address, l.transport).await {
+                Ok(addr) => endpoints.push(Endpoint {
+                    kind: l.kind,
+                    addr,
+                    path: l.path,
+                }),
                 Err(source) => {
                     // Listeners already bound stop with the broker, not with the process.
                     broker.shutdown(Duration::ZERO).await;
                     return Err(StartError::Listen {
-                        addr: *addr,
+                        addr: l.address,
                         source,
                     });
                 }
             }
         }
-        node.set_client_addrs(listeners.iter().map(ToString::to_string).collect());
+        node.set_client_addrs(endpoints.iter().map(ToString::to_string).collect());
+        let listeners = endpoints
+            .iter()
+            .filter(|e| e.kind == ListenerKind::Tcp)
+            .map(|e| e.addr)
+            .collect();
         Ok(Server {
             broker,
             listeners,
+            endpoints,
+            tls,
             saver,
             node,
         })
+    }
+
+    /// Reads the TLS listeners' certificates, keys and CA bundles again: new connections use
+    /// them, connected clients stay. A listener whose files fail keeps what it had, and the
+    /// failure is logged. Returns how many failed.
+    pub fn reload_tls(&self) -> usize {
+        let mut failed = 0;
+        for tls in &self.tls {
+            let cert = tls.files().cert.display();
+            match tls.reload() {
+                Ok(()) => tracing::info!(%cert, "TLS certificate and key reloaded"),
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(%cert, error = %e, "TLS reload failed; the previous certificate stays in use");
+                }
+            }
+        }
+        failed
     }
 
     /// What the state store has done to its files so far (log commits, entries written,

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use mqkv_broker::QueueFullPolicy;
-use mqkv_server::{RaftThread, Server, ServerConfig, StorageKind};
+use mqkv_server::{ListenerConfig, ListenerKind, RaftThread, Server, ServerConfig, StorageKind};
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker and state store.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -42,9 +42,34 @@ struct ServeArgs {
     /// TOML configuration file; flags given here override it.
     #[arg(long, short = 'c', env = "MQKV_CONFIG")]
     config: Option<PathBuf>,
-    /// Listener address (repeatable). Default 127.0.0.1:1883. Port 0 picks a free port.
-    #[arg(long = "listen", short = 'l')]
+    /// Plain TCP listener address (repeatable). Default 127.0.0.1:1883. Port 0 picks a free
+    /// port. Listener flags replace the configuration file's listeners.
+    #[arg(long = "listen", short = 'l', value_name = "ADDR")]
     listen: Vec<SocketAddr>,
+    /// TLS listener address (repeatable); needs --tls-cert and --tls-key.
+    #[arg(long = "listen-tls", value_name = "ADDR")]
+    listen_tls: Vec<SocketAddr>,
+    /// WebSocket listener address (repeatable).
+    #[arg(long = "listen-ws", value_name = "ADDR")]
+    listen_ws: Vec<SocketAddr>,
+    /// WebSocket over TLS listener address (repeatable); needs --tls-cert and --tls-key.
+    #[arg(long = "listen-wss", value_name = "ADDR")]
+    listen_wss: Vec<SocketAddr>,
+    /// Path of the WebSocket listeners given by flags (default /mqtt).
+    #[arg(long, value_name = "PATH")]
+    ws_path: Option<String>,
+    /// TLS certificate chain, PEM (leaf first).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key, PEM (PKCS#8, RSA or EC).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// CA bundle, PEM, that client certificates are verified against.
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Refuse TLS clients without a certificate the client CA bundle vouches for.
+    #[arg(long)]
+    tls_require_client_cert: bool,
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -205,8 +230,43 @@ impl ServeArgs {
             Some(path) => ServerConfig::from_file(path)?,
             None => ServerConfig::default(),
         };
-        if !self.listen.is_empty() {
+        let listener_flags = !self.listen.is_empty()
+            || !self.listen_tls.is_empty()
+            || !self.listen_ws.is_empty()
+            || !self.listen_wss.is_empty();
+        if listener_flags {
             c.listen = self.listen;
+            let flagged = |kind: ListenerKind, addrs: Vec<SocketAddr>| {
+                let path = match kind {
+                    ListenerKind::Ws | ListenerKind::Wss => self.ws_path.clone(),
+                    _ => None,
+                };
+                addrs.into_iter().map(move |address| ListenerConfig {
+                    kind,
+                    address,
+                    cert: None,
+                    key: None,
+                    client_ca: None,
+                    require_client_cert: None,
+                    path: path.clone(),
+                })
+            };
+            c.listeners = flagged(ListenerKind::Tls, self.listen_tls)
+                .chain(flagged(ListenerKind::Ws, self.listen_ws))
+                .chain(flagged(ListenerKind::Wss, self.listen_wss))
+                .collect();
+        }
+        if let Some(v) = self.tls_cert {
+            c.tls.cert = Some(v);
+        }
+        if let Some(v) = self.tls_key {
+            c.tls.key = Some(v);
+        }
+        if let Some(v) = self.tls_client_ca {
+            c.tls.client_ca = Some(v);
+        }
+        if self.tls_require_client_cert {
+            c.tls.require_client_cert = true;
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
@@ -376,7 +436,7 @@ fn main() {
     mqkv_server::set_after_snapshot(release_freed_memory);
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Client(command) => std::process::exit(cli::run(command)),
     };
     if let Err(e) = result {
@@ -407,27 +467,30 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         {
             // One line per listener on standard output, so scripts and tests can find ports.
             let mut out = std::io::stdout().lock();
-            for addr in &server.listeners {
-                writeln!(out, "listening on {addr}")?;
+            for endpoint in &server.endpoints {
+                writeln!(out, "listening on {endpoint}")?;
             }
             out.flush()?;
         }
-        for addr in &server.listeners {
-            tracing::info!(%addr, "listening");
+        for endpoint in &server.endpoints {
+            tracing::info!(%endpoint, "listening");
         }
-        signals.wait().await;
+        signals.wait(|| server.reload_tls()).await;
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
     })
 }
 
-/// SIGINT and SIGTERM, installed before the server starts.
+/// SIGINT and SIGTERM (stop) and SIGHUP (reload TLS files), installed before the server
+/// starts.
 struct Signals {
     #[cfg(unix)]
     term: tokio::signal::unix::Signal,
     #[cfg(unix)]
     int: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hup: tokio::signal::unix::Signal,
 }
 
 impl Signals {
@@ -438,6 +501,7 @@ impl Signals {
             Ok(Signals {
                 term: signal(SignalKind::terminate())?,
                 int: signal(SignalKind::interrupt())?,
+                hup: signal(SignalKind::hangup())?,
             })
         }
         #[cfg(not(unix))]
@@ -446,16 +510,22 @@ impl Signals {
         }
     }
 
-    async fn wait(mut self) {
+    /// Waits for a signal to stop, calling `reload` on every SIGHUP meanwhile.
+    async fn wait(mut self, reload: impl Fn() -> usize) {
         #[cfg(unix)]
-        {
+        loop {
             tokio::select! {
-                _ = self.term.recv() => {}
-                _ = self.int.recv() => {}
+                _ = self.term.recv() => break,
+                _ = self.int.recv() => break,
+                _ = self.hup.recv() => {
+                    tracing::info!("SIGHUP: reloading TLS files");
+                    reload();
+                }
             }
         }
         #[cfg(not(unix))]
         {
+            let _ = reload;
             let _ = tokio::signal::ctrl_c().await;
         }
     }

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::read_room::ReadRoom;
 use super::publish::CachedWaker;
+use super::read_room::ReadRoom;
 use super::writing::{self, WriteState, Writer, WriterTask};
 use super::{negotiate, Conn, LiveGuard};
 use crate::auth::AuthRequest;

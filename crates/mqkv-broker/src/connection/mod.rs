@@ -24,9 +24,9 @@ mod packets;
 mod publish;
 mod read_room;
 mod reading;
-mod writing;
 #[cfg(test)]
 mod tests;
+mod writing;
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;

@@ -107,7 +107,10 @@ mod tests {
         let props = connack_properties(&g, &c, &cfg, None, "c");
         assert_eq!(props.session_expiry_interval, Some(3600));
         // MQTT 3.1.1: a persistent session never expires, up to the limit.
-        assert_eq!(negotiate(&connect(codec::V311, false, 30), &cfg).expiry, 3600);
+        assert_eq!(
+            negotiate(&connect(codec::V311, false, 30), &cfg).expiry,
+            3600
+        );
         assert_eq!(negotiate(&connect(codec::V311, true, 30), &cfg).expiry, 0);
     }
 
@@ -137,7 +140,11 @@ mod tests {
         let mut c = connect(codec::V5, true, 30);
         let g = negotiate(&c, &cfg);
         assert_eq!(
-            (g.client_receive_max, g.client_max_packet, g.client_alias_max),
+            (
+                g.client_receive_max,
+                g.client_max_packet,
+                g.client_alias_max
+            ),
             (u16::MAX, usize::MAX, 0)
         );
         c.properties.receive_maximum = Some(5);
@@ -145,7 +152,11 @@ mod tests {
         c.properties.topic_alias_maximum = Some(7);
         let g = negotiate(&c, &cfg);
         assert_eq!(
-            (g.client_receive_max, g.client_max_packet, g.client_alias_max),
+            (
+                g.client_receive_max,
+                g.client_max_packet,
+                g.client_alias_max
+            ),
             (5, 1000, 7)
         );
     }
@@ -163,10 +174,7 @@ mod tests {
         assert_eq!(props.session_expiry_interval, None);
         let rare = props.rare.as_deref().expect("rare properties");
         assert_eq!(rare.assigned_client_identifier.as_deref(), Some("mqkv-1"));
-        assert_eq!(
-            rare.response_information.as_deref(),
-            Some("clients/mqkv-1")
-        );
+        assert_eq!(rare.response_information.as_deref(), Some("clients/mqkv-1"));
         let long = "x".repeat(codec::limits::MAX_FIELD);
         let props = connack_properties(&g, &c, &cfg, None, &long);
         assert!(props

@@ -74,10 +74,7 @@ mod tests {
         let mut buf = BytesMut::new();
         // A new connection gets the small chunk.
         let r = room.make(&mut buf);
-        assert!(
-            (ReadRoom::MIN..2 * ReadRoom::MIN).contains(&r),
-            "{r}"
-        );
+        assert!((ReadRoom::MIN..2 * ReadRoom::MIN).contains(&r), "{r}");
         // Reads that leave room change nothing until the largest chunk's worth has come.
         room.read(100, r);
         assert_eq!(room.chunk, ReadRoom::MIN);

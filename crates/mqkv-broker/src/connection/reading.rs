@@ -37,7 +37,6 @@ pub(super) async fn drain_input(rd: &mut ReadHalf) {
     .await;
 }
 
-
 /// What a connection asked to hand over found in what it had received.
 pub(super) enum Received {
     /// Handled; the connection goes on until it is taken over.

@@ -172,8 +172,7 @@ async fn packets_much_larger_than_the_first_read_room_arrive_whole() {
     for (i, &size) in sizes.iter().enumerate() {
         let (kind, mut frame) = sub.frame().await;
         assert_eq!(kind, 3, "PUBLISH {i}");
-        let Ok(Some(Packet::Publish(p))) =
-            codec::decode(&mut frame, Some(codec::V5), usize::MAX)
+        let Ok(Some(Packet::Publish(p))) = codec::decode(&mut frame, Some(codec::V5), usize::MAX)
         else {
             panic!("undecodable PUBLISH {i}");
         };
@@ -211,10 +210,7 @@ fn home(broker: &Broker, id: &str) -> usize {
 /// A publisher and six subscribers (three at QoS 1, three at QoS 0, which never send the
 /// broker anything to wake their reader); at least one subscriber starts on the other
 /// connection thread. Returns the subscribers' ids.
-async fn fan_out(
-    broker: &Broker,
-    addr: std::net::SocketAddr,
-) -> (Client, Vec<(String, Client)>) {
+async fn fan_out(broker: &Broker, addr: std::net::SocketAddr) -> (Client, Vec<(String, Client)>) {
     let mut subs = Vec::new();
     for i in 0..6 {
         let id = format!("sub-{i}");

@@ -219,10 +219,7 @@ impl WriteHalf {
             }
             WriteHalf::Ws(w) => {
                 let bytes: Bytes = buf.split().freeze();
-                return w
-                    .send(Message::Binary(bytes))
-                    .await
-                    .map_err(ws::io_error);
+                return w.send(Message::Binary(bytes)).await.map_err(ws::io_error);
             }
         }
         buf.clear();
