@@ -29,10 +29,12 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run the broker and state store.
-    Serve(Box<ServeArgs>),
+    Serve(ServeArgs),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -436,7 +438,7 @@ fn main() {
     mqkv_server::set_after_snapshot(release_freed_memory);
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     let result = match cli.command {
-        Command::Serve(args) => serve(*args),
+        Command::Serve(args) => serve(args),
         Command::Client(command) => std::process::exit(cli::run(command)),
     };
     if let Err(e) = result {
