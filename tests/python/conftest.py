@@ -41,8 +41,8 @@ def mqkv(request, tmp_path):
     """Factory: `mqkv(*flags, config=None)` starts a server and returns it."""
     servers: list[MqkvServer] = []
 
-    def start(*args, config: str | None = None) -> MqkvServer:
-        s = MqkvServer(args, tmp_path, config)
+    def start(*args, config: str | None = None, listeners: int = 0) -> MqkvServer:
+        s = MqkvServer(args, tmp_path, config, listeners)
         servers.append(s)
         return s
 

@@ -61,7 +61,9 @@ class MqkvServer:
 
     _counter = 0
 
-    def __init__(self, args, workdir: Path, config: str | None = None):
+    LISTENER_FLAGS = ("--listen-tls", "--listen-ws", "--listen-wss")
+
+    def __init__(self, args, workdir: Path, config: str | None = None, listeners: int = 0):
         MqkvServer._counter += 1
         n = MqkvServer._counter
         self.workdir = workdir
@@ -86,7 +88,17 @@ class MqkvServer:
             cmd, stdout=subprocess.PIPE, stderr=self._stderr, env=env, cwd=workdir
         )
         self.stopped = False
+        # One "listening on" line per listener: the plain one, those named by flags, and
+        # `listeners` more from the configuration file.
+        expected = 1 + sum(1 for a in cmd if a in self.LISTENER_FLAGS) + listeners
+        self.listening: list[tuple[str, int]] = []
         self.port = self._read_port()
+        while len(self.listening) < expected:
+            self._read_port()
+        # The first listener of each kind: "tcp", "tls", "ws", "wss".
+        self.endpoints = {}
+        for kind, port in self.listening:
+            self.endpoints.setdefault(kind, port)
         self.started_at = time.monotonic()
         self.host = HOST
 
@@ -103,7 +115,11 @@ class MqkvServer:
                 if chunk == b"\n":
                     text = line.decode().strip()
                     if text.startswith("listening on "):
-                        return int(text.rsplit(":", 1)[1])
+                        where = text.removeprefix("listening on ")
+                        kind, _, addr = where.rpartition("://")
+                        port = int(addr.split("/", 1)[0].rsplit(":", 1)[1])
+                        self.listening.append((kind or "tcp", port))
+                        return port
                     line = b""
             elif self.proc.poll() is not None:
                 break
@@ -276,7 +292,13 @@ class Paho:
         timeout: float = 5.0,
         manual_ack: bool = False,
         max_inflight: int | None = None,
+        listener: str = "tcp",
+        tls: dict | None = None,
+        ws_path: str = "/mqtt",
     ):
+        """`listener` picks the server's listener by kind ("tcp", "tls", "ws", "wss");
+        `tls` holds paho's `tls_set` arguments (ca_certs, certfile, keyfile) for the TLS
+        ones."""
         self.server = server
         self.version = version
         kw = {}
@@ -288,8 +310,13 @@ class Paho:
             protocol=version,
             reconnect_on_failure=False,
             manual_ack=manual_ack,
+            transport="websockets" if listener in ("ws", "wss") else "tcp",
             **kw,
         )
+        if listener in ("ws", "wss"):
+            self.client.ws_set_options(path=ws_path)
+        if listener in ("tls", "wss"):
+            self.client.tls_set(**(tls or {}))
         if max_inflight is not None:
             self.client.max_inflight_messages_set(max_inflight)
             self.client.max_queued_messages_set(0)
@@ -317,7 +344,8 @@ class Paho:
         if version == V5:
             ckw["clean_start"] = clean_start
             ckw["properties"] = properties
-        self.client.connect(server.host, server.port, keepalive, **ckw)
+        port = server.endpoints[listener]
+        self.client.connect(server.host, port, keepalive, **ckw)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"paho-{client_id or 'anon'}")
@@ -485,8 +513,15 @@ class Paho:
         sock = self.client.socket()
         try:
             sock.setblocking(True)
-            sock.settimeout(5)
-            sock.sendall(packet)
+            # Over WebSocket paho's socket is a wrapper that frames what it sends: the
+            # timeout goes on the socket underneath.
+            getattr(sock, "_socket", sock).settimeout(5)
+            if hasattr(sock, "sendall"):
+                sock.sendall(packet)
+            else:
+                sent = 0
+                while sent < len(packet):
+                    sent += sock.send(packet[sent:])
             deadline = time.monotonic() + 5
             while True:
                 try:
@@ -494,6 +529,10 @@ class Paho:
                         break
                 except (ConnectionResetError, BrokenPipeError):
                     break
+                except BlockingIOError:
+                    # paho's WebSocket wrapper, on a frame that carries no MQTT bytes (the
+                    # broker's close frame, answered by the wrapper).
+                    pass
                 except OSError:
                     raise AssertionError("broker did not close the connection after DISCONNECT")
                 if time.monotonic() > deadline:

@@ -1,8 +1,9 @@
 //! Authentication hook.
 //!
-//! The broker hands user name, password and authentication method to an [`Authenticator`];
-//! the default one accepts configured users, and anonymous clients only on loopback listeners
-//! unless configured otherwise. Enhanced authentication (AUTH exchanges) is not offered, so any
+//! The broker hands user name, password, authentication method and the client certificate TLS
+//! verified to an [`Authenticator`]; the default one accepts configured users, clients with a
+//! verified certificate (as the certificate's common name, or its subject), and anonymous
+//! clients only on loopback listeners unless configured otherwise. Enhanced authentication (AUTH exchanges) is not offered, so any
 //! Authentication Method is refused with 0x8C.
 
 use std::net::SocketAddr;
@@ -55,6 +56,10 @@ impl Authenticator for DefaultAuthenticator {
                 return Err(reason::BAD_USER_NAME_OR_PASSWORD);
             }
         }
+        if let Some(cert) = req.certificate {
+            let name = cert.common_name.as_deref().unwrap_or(&cert.subject);
+            return Ok(Some(name.into()));
+        }
         let anonymous = self
             .allow_anonymous
             .unwrap_or_else(|| req.local.ip().is_loopback());
@@ -96,6 +101,30 @@ mod tests {
         assert_eq!(
             a.authenticate(&req(None, None, "10.0.0.1:1883")),
             Err(reason::NOT_AUTHORIZED)
+        );
+    }
+
+    #[test]
+    fn a_verified_certificate_names_the_client_anywhere() {
+        let a = DefaultAuthenticator {
+            allow_anonymous: None,
+            users: vec![],
+        };
+        let mut cert = crate::transport::PeerCertificate {
+            subject: "CN=device-1, O=Contoso".into(),
+            common_name: Some("device-1".into()),
+            subject_alt_names: vec![],
+            der: vec![],
+        };
+        let mut r = req(None, None, "10.0.0.1:8883");
+        r.certificate = Some(&cert);
+        assert_eq!(a.authenticate(&r), Ok(Some("device-1".into())));
+        cert.common_name = None;
+        let mut r = req(None, None, "10.0.0.1:8883");
+        r.certificate = Some(&cert);
+        assert_eq!(
+            a.authenticate(&r),
+            Ok(Some("CN=device-1, O=Contoso".into()))
         );
     }
 

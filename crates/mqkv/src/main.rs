@@ -45,7 +45,7 @@ struct ServeArgs {
     #[arg(long, short = 'c', env = "MQKV_CONFIG")]
     config: Option<PathBuf>,
     /// Plain TCP listener address (repeatable). Default 127.0.0.1:1883. Port 0 picks a free
-    /// port. Listener flags replace the configuration file's listeners.
+    /// port. A listener flag replaces the configuration file's listeners of its kind.
     #[arg(long = "listen", short = 'l', value_name = "ADDR")]
     listen: Vec<SocketAddr>,
     /// TLS listener address (repeatable); needs --tls-cert and --tls-key.
@@ -232,18 +232,26 @@ impl ServeArgs {
             Some(path) => ServerConfig::from_file(path)?,
             None => ServerConfig::default(),
         };
-        let listener_flags = !self.listen.is_empty()
-            || !self.listen_tls.is_empty()
-            || !self.listen_ws.is_empty()
-            || !self.listen_wss.is_empty();
-        if listener_flags {
+        // A listener flag replaces the configuration file's listeners of its kind.
+        if !self.listen.is_empty() {
             c.listen = self.listen;
-            let flagged = |kind: ListenerKind, addrs: Vec<SocketAddr>| {
-                let path = match kind {
-                    ListenerKind::Ws | ListenerKind::Wss => self.ws_path.clone(),
-                    _ => None,
-                };
-                addrs.into_iter().map(move |address| ListenerConfig {
+            c.listeners.retain(|l| l.kind != ListenerKind::Tcp);
+        }
+        for (kind, addrs) in [
+            (ListenerKind::Tls, self.listen_tls),
+            (ListenerKind::Ws, self.listen_ws),
+            (ListenerKind::Wss, self.listen_wss),
+        ] {
+            if addrs.is_empty() {
+                continue;
+            }
+            let path = match kind {
+                ListenerKind::Ws | ListenerKind::Wss => self.ws_path.clone(),
+                _ => None,
+            };
+            c.listeners.retain(|l| l.kind != kind);
+            c.listeners
+                .extend(addrs.into_iter().map(|address| ListenerConfig {
                     kind,
                     address,
                     cert: None,
@@ -251,12 +259,7 @@ impl ServeArgs {
                     client_ca: None,
                     require_client_cert: None,
                     path: path.clone(),
-                })
-            };
-            c.listeners = flagged(ListenerKind::Tls, self.listen_tls)
-                .chain(flagged(ListenerKind::Ws, self.listen_ws))
-                .chain(flagged(ListenerKind::Wss, self.listen_wss))
-                .collect();
+                }));
         }
         if let Some(v) = self.tls_cert {
             c.tls.cert = Some(v);

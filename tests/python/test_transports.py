@@ -1,0 +1,465 @@
+"""Listeners of every kind: TLS, mutual TLS, WebSocket and WebSocket over TLS, with
+mosquitto_pub/mosquitto_sub, paho-mqtt and raw sockets; bad clients on each; reloading
+certificates with SIGHUP."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import socket
+import ssl
+import struct
+import time
+
+import pytest
+
+from certs import make_pki
+from helpers import HOST, Paho, Proc, V5, V311, assert_healthy, run, wait_for
+
+needs_mosquitto = pytest.mark.skipif(
+    shutil.which("mosquitto_pub") is None,
+    reason="mosquitto-clients not installed (apt-get install mosquitto-clients)",
+)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls_flags(pki, *extra):
+    return ["--tls-cert", pki.server.cert_path, "--tls-key", pki.server.key_path, *extra]
+
+
+def all_listeners(mqkv, pki, *extra):
+    return mqkv(
+        "--listen-tls", f"{HOST}:0", "--listen-ws", f"{HOST}:0", "--listen-wss", f"{HOST}:0",
+        *tls_flags(pki), *extra,
+    )
+
+
+def trust(pki):
+    return {"ca_certs": str(pki.ca.cert_path)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Real clients on every listener
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("listener", ["tcp", "tls", "ws", "wss"])
+@pytest.mark.parametrize("version", [V5, V311])
+def test_paho_on_every_listener(mqkv, pki, listener, version):
+    server = all_listeners(mqkv, pki)
+    kw = {"listener": listener, "tls": trust(pki), "version": version}
+    sub = Paho(server, f"sub-{listener}", **kw)
+    assert sub.subscribe("every/#", 2) == [2]
+    pub = Paho(server, f"pub-{listener}", **kw)
+    big = os.urandom(300_000)
+    for qos in (0, 1, 2):
+        pub.publish(f"every/q{qos}", b"small %d" % qos, qos=qos)
+        pub.publish(f"every/big{qos}", big, qos=qos)
+    got = {}
+    for _ in range(6):
+        m = sub.get(10)
+        got[m.topic] = m.payload
+    assert got == {
+        **{f"every/q{q}": b"small %d" % q for q in (0, 1, 2)},
+        **{f"every/big{q}": big for q in (0, 1, 2)},
+    }
+    # Retained messages reach a later subscriber on another kind of listener.
+    pub.publish("every/retained", b"kept", qos=1, retain=True)
+    later = Paho(server, f"later-{listener}", listener="tcp")
+    later.subscribe("every/retained", 1)
+    m = later.get(5)
+    assert (m.payload, m.retain) == (b"kept", True)
+    for c in (pub, sub, later):
+        c.disconnect()
+
+
+@needs_mosquitto
+@pytest.mark.parametrize("version", ["mqttv5", "mqttv311"])
+def test_mosquitto_clients_over_tls(mqkv, pki, version):
+    server = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki))
+    port = str(server.endpoints["tls"])
+    common = ["-h", HOST, "-p", port, "--cafile", str(pki.ca.cert_path), "-V", version]
+    sub = Proc(["mosquitto_sub", *common, "-t", "tls/#", "-q", "1", "-F", "%t|%p", "-C", "3"])
+    # Retained first: it reaches the subscriber whenever it subscribes.
+    res = run(["mosquitto_pub", *common, "-t", "tls/retained", "-m", "r", "-q", "1", "-r"])
+    assert res.returncode == 0, res.stderr
+    sub.wait_line("tls/retained|r", timeout=10)
+    for i in range(2):
+        res = run(["mosquitto_pub", *common, "-t", f"tls/{i}", "-m", f"m{i}", "-q", "1"])
+        assert res.returncode == 0, res.stderr
+    assert sub.wait(10) == 0
+    assert sub.output().splitlines()[-2:] == ["tls/0|m0", "tls/1|m1"]
+    # A client that does not trust the server's CA gives up.
+    res = run(["mosquitto_pub", "-h", HOST, "-p", port, "--cafile", str(pki.other_ca.cert_path),
+               "-t", "tls/x", "-m", "x"])
+    assert res.returncode != 0
+
+
+@needs_mosquitto
+def test_mutual_tls_with_mosquitto_clients(mqkv, pki):
+    server = mqkv(
+        "--listen-tls", f"{HOST}:0",
+        *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path, "--tls-require-client-cert"),
+    )
+    port = str(server.endpoints["tls"])
+    base = ["-h", HOST, "-p", port, "--cafile", str(pki.ca.cert_path), "-V", "mqttv5"]
+
+    def with_cert(who):
+        return ["--cert", str(who.cert_path), "--key", str(who.key_path)]
+
+    sub = Proc(["mosquitto_sub", *base, *with_cert(pki.client), "-t", "mtls/t", "-q", "1",
+                "-C", "1", "-F", "%p"])
+    deadline = time.monotonic() + 10
+    while sub.proc.poll() is None and time.monotonic() < deadline:
+        res = run(["mosquitto_pub", *base, *with_cert(pki.client), "-t", "mtls/t", "-m", "hi",
+                   "-q", "1"])
+        assert res.returncode == 0, res.stderr
+        time.sleep(0.1)
+    assert sub.wait(5) == 0 and sub.output().splitlines()[-1] == "hi"
+    # No certificate, one from another CA, an expired one: each refused in the handshake.
+    for extra in ([], with_cert(pki.stranger), with_cert(pki.expired)):
+        res = run(["mosquitto_pub", *base, *extra, "-t", "mtls/t", "-m", "no", "-q", "1"])
+        assert res.returncode != 0, f"accepted with {extra}"
+    text = server.stderr_text()
+    assert "TLS handshake failed" in text
+    # Nobody else noticed.
+    assert_healthy(server)
+
+
+def test_optional_client_certificates(mqkv, pki):
+    server = mqkv("--listen-tls", f"{HOST}:0",
+                  *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path))
+    # Without a certificate: welcome.
+    Paho(server, "no-cert", listener="tls", tls=trust(pki)).disconnect()
+    # With a good one: welcome.
+    good = {**trust(pki), "certfile": str(pki.client.cert_path),
+            "keyfile": str(pki.client.key_path)}
+    Paho(server, "good-cert", listener="tls", tls=good).disconnect()
+    # With one that does not verify: refused.
+    bad = {**trust(pki), "certfile": str(pki.stranger.cert_path),
+           "keyfile": str(pki.stranger.key_path)}
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError, AssertionError)):
+        Paho(server, "bad-cert", listener="tls", tls=bad, timeout=3)
+
+
+def test_listeners_from_the_configuration_file(mqkv, pki, tmp_path):
+    config = f"""
+[[listeners]]
+kind = "wss"
+address = "{HOST}:0"
+cert = "{pki.server.cert_path}"
+key = "{pki.server.key_path}"
+path = "/custom"
+
+[[listeners]]
+kind = "ws"
+address = "{HOST}:0"
+"""
+    server = mqkv(config=config, listeners=2)
+    assert set(server.endpoints) == {"tcp", "wss", "ws"}
+    c = Paho(server, "custom-path", listener="wss", tls=trust(pki), ws_path="/custom")
+    c.disconnect()
+    d = Paho(server, "default-path", listener="ws")
+    d.disconnect()
+
+
+def test_a_plain_listener_beyond_loopback_is_warned_about(mqkv):
+    server = mqkv("--listen-ws", "0.0.0.0:0")
+    wait_for(lambda: "non-loopback address" in server.stderr_text(), what="a warning")
+
+
+# ---------------------------------------------------------------------------------------------
+# WebSocket framing with a raw client
+# ---------------------------------------------------------------------------------------------
+
+
+class RawWs:
+    """A WebSocket client written out by hand, to send frames real clients would not."""
+
+    def __init__(self, port, *, path="/mqtt", protocol="mqtt", extra_headers=""):
+        self.sock = socket.create_connection((HOST, port), timeout=5)
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        )
+        if protocol:
+            request += f"Sec-WebSocket-Protocol: {protocol}\r\n"
+        self.sock.sendall((request + extra_headers + "\r\n").encode())
+        self.head = b""
+        while b"\r\n\r\n" not in self.head:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                break
+            self.head += chunk
+        self.head, _, self.buf = self.head.partition(b"\r\n\r\n")
+
+    def status(self) -> int:
+        return int(self.head.split(b" ", 2)[1])
+
+    def send_frame(self, payload: bytes, opcode=2, fin=True):
+        first = (0x80 if fin else 0) | opcode
+        n = len(payload)
+        if n < 126:
+            header = struct.pack("!BB", first, 0x80 | n)
+        elif n < 65536:
+            header = struct.pack("!BBH", first, 0x80 | 126, n)
+        else:
+            header = struct.pack("!BBQ", first, 0x80 | 127, n)
+        mask = os.urandom(4)
+        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(header + mask + body)
+
+    def _need(self, n):
+        while len(self.buf) < n:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buf += chunk
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def recv_frame(self):
+        b0, b1 = self._need(2)
+        n = b1 & 0x7F
+        if n == 126:
+            (n,) = struct.unpack("!H", self._need(2))
+        elif n == 127:
+            (n,) = struct.unpack("!Q", self._need(8))
+        return b0 & 0x0F, self._need(n)
+
+    def recv_mqtt(self) -> bytes:
+        """The payload of the next binary frame."""
+        while True:
+            op, payload = self.recv_frame()
+            if op == 2:
+                return payload
+
+    def closed(self, timeout=5.0) -> bool:
+        """Whether the server closes the connection (a close frame, then EOF) in time."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                op, _ = self.recv_frame()
+                if op == 8:
+                    return True
+        except (ConnectionError, OSError):
+            return True
+        except socket.timeout:
+            return False
+
+    def close(self):
+        self.sock.close()
+
+
+def connect_packet(client_id: str) -> bytes:
+    cid = client_id.encode()
+    body = b"\x00\x04MQTT\x05\x02\x00\x3c\x00" + struct.pack("!H", len(cid)) + cid
+    return bytes([0x10, len(body)]) + body
+
+
+def test_websocket_frames_and_packets_need_not_line_up(mqkv):
+    server = mqkv("--listen-ws", f"{HOST}:0")
+    ws = RawWs(server.endpoints["ws"])
+    assert ws.status() == 101
+    assert b"sec-websocket-protocol: mqtt" in ws.head.lower()
+    # CONNECT split across two frames.
+    connect = connect_packet("raw-ws")
+    ws.send_frame(connect[:5])
+    ws.send_frame(connect[5:])
+    connack = ws.recv_mqtt()
+    assert connack[0] == 0x20 and connack[3] == 0
+    # SUBSCRIBE, PUBLISH (to itself) and PINGREQ in one frame.
+    topic = b"ws/raw"
+    sub_body = struct.pack("!H", 1) + b"\x00" + struct.pack("!H", len(topic)) + topic + b"\x00"
+    subscribe = bytes([0x82, len(sub_body)]) + sub_body
+    pub_body = struct.pack("!H", len(topic)) + topic + b"\x00" + b"payload"
+    publish = bytes([0x30, len(pub_body)]) + pub_body
+    ws.send_frame(subscribe + publish + b"\xc0\x00")
+    got = b""
+    while b"payload" not in got or b"\xd0\x00" not in got:
+        got += ws.recv_mqtt()
+    assert got.startswith(b"\x90")  # SUBACK first
+    # One message sent as three fragments (a binary frame and two continuations).
+    body2 = pub_body.replace(b"payload", b"pieces")
+    pub2 = bytes([0x30, len(body2)]) + body2
+    ws.send_frame(pub2[:3], opcode=2, fin=False)
+    ws.send_frame(pub2[3:8], opcode=0, fin=False)
+    ws.send_frame(pub2[8:], opcode=0, fin=True)
+    got = b""
+    while b"pieces" not in got:
+        got += ws.recv_mqtt()
+    # A WebSocket ping is answered with a pong carrying the same data.
+    ws.send_frame(b"hello", opcode=9)
+    while True:
+        op, payload = ws.recv_frame()
+        if op == 10:
+            assert payload == b"hello"
+            break
+    # A text frame breaks the MQTT binding: the connection is closed.
+    ws.send_frame(b"not mqtt", opcode=1)
+    assert ws.closed()
+    ws.close()
+    assert_healthy(server)
+
+
+def test_websocket_oversized_frame_is_refused(mqkv):
+    server = mqkv("--listen-ws", f"{HOST}:0", "--max-packet-size", "1000")
+    ws = RawWs(server.endpoints["ws"])
+    connect = connect_packet("big-frame")
+    ws.send_frame(connect)
+    assert ws.recv_mqtt()[0] == 0x20
+    # A frame header announcing 100 MiB: refused without waiting for the bytes.
+    mask = os.urandom(4)
+    ws.sock.sendall(struct.pack("!BBQ", 0x82, 0x80 | 127, 100 << 20) + mask + b"\x00" * 1024)
+    assert ws.closed()
+    ws.close()
+    assert_healthy(server)
+
+
+@pytest.mark.parametrize(
+    "path,protocol,extra,status",
+    [
+        ("/other", "mqtt", "", 404),
+        ("/mqtt", "chat", "", 400),
+        ("/mqtt", "mqtt", "X-Filler: " + "x" * 9000 + "\r\n", 431),
+    ],
+)
+def test_websocket_upgrades_that_are_refused(mqkv, path, protocol, extra, status):
+    server = mqkv("--listen-ws", f"{HOST}:0")
+    ws = RawWs(server.endpoints["ws"], path=path, protocol=protocol, extra_headers=extra)
+    assert ws.status() == status, ws.head
+    ws.close()
+    assert_healthy(server)
+
+
+def test_plain_http_on_the_websocket_path_gets_an_http_error(mqkv):
+    server = mqkv("--listen-ws", f"{HOST}:0")
+    with socket.create_connection((HOST, server.endpoints["ws"]), timeout=5) as s:
+        s.sendall(b"GET /mqtt HTTP/1.1\r\nHost: x\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 426 Upgrade Required"), reply
+    assert b"MQTT over WebSocket" in reply
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad clients on TLS listeners
+# ---------------------------------------------------------------------------------------------
+
+
+def closes_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except (ConnectionError, OSError) as e:
+        return not isinstance(e, socket.timeout)
+
+
+def test_garbage_and_plaintext_on_a_tls_port_are_refused_at_once(mqkv, pki):
+    server = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki))
+    port = server.endpoints["tls"]
+    with socket.create_connection((HOST, port)) as s:
+        s.sendall(os.urandom(2000))
+        assert closes_within(s, 3)
+    with socket.create_connection((HOST, port)) as s:
+        s.sendall(connect_packet("plaintext"))
+        assert closes_within(s, 3)
+    wait_for(lambda: "TLS handshake failed" in server.stderr_text(), what="a log line")
+    Paho(server, "after-garbage", listener="tls", tls=trust(pki)).disconnect()
+
+
+def test_a_client_stalled_mid_handshake_is_dropped_and_nobody_waits(mqkv, pki):
+    server = mqkv("--listen-tls", f"{HOST}:0", "--listen-wss", f"{HOST}:0", *tls_flags(pki))
+    stalled = [socket.create_connection((HOST, server.endpoints[k])) for k in ("tls", "wss")]
+    # Half a ClientHello on one, a TLS session but no HTTP request on the other.
+    stalled[0].sendall(b"\x16\x03\x01\x02\x00\x01\x00")
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+    stalled[1] = ctx.wrap_socket(stalled[1], server_hostname="localhost")
+    started = time.monotonic()
+    # Meanwhile other clients come and go on the same listeners.
+    for kind in ("tls", "wss"):
+        Paho(server, f"meanwhile-{kind}", listener=kind, tls=trust(pki)).disconnect()
+    for s in stalled:
+        assert closes_within(s, 15), "a stalled handshake was never dropped"
+        s.close()
+    assert time.monotonic() - started < 15
+    wait_for(lambda: "handshake not finished in time" in server.stderr_text(), what="a log line")
+    assert_healthy(server)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reloading certificates
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sighup_reloads_certificates_and_keeps_clients(mqkv, pki, tmp_path):
+    cert, key = tmp_path / "live.pem", tmp_path / "live.key"
+    shutil.copy(pki.server.cert_path, cert)
+    shutil.copy(pki.server.key_path, key)
+    server = mqkv("--listen-tls", f"{HOST}:0", "--tls-cert", cert, "--tls-key", key)
+    before = Paho(server, "before", listener="tls", tls=trust(pki))
+    before.subscribe("reload/t", 1)
+
+    shutil.copy(pki.other_server.cert_path, cert)
+    shutil.copy(pki.other_server.key_path, key)
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS certificate and key reloaded" in server.stderr_text(),
+             what="the reload")
+    # New clients get the new certificate: trusting only the new CA works ...
+    after = Paho(server, "after", listener="tls", tls={"ca_certs": str(pki.other_ca.cert_path)})
+    # ... and trusting only the old one no longer does.
+    with pytest.raises((ssl.SSLError, OSError)):
+        Paho(server, "old-trust", listener="tls", tls=trust(pki), timeout=3)
+    # The client connected before the reload is still there.
+    after.publish("reload/t", b"still here", qos=1)
+    assert before.get(5).payload == b"still here"
+
+    # A broken file: the reload fails, says why, and the certificate in use stays.
+    cert.write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS reload failed" in server.stderr_text(), what="the failed reload")
+    Paho(server, "after-bad", listener="tls",
+         tls={"ca_certs": str(pki.other_ca.cert_path)}).disconnect()
+    before.disconnect()
+    after.disconnect()
+
+
+def test_raw_mqtt_limits_hold_over_tls(mqkv, pki):
+    """The broker's checks are the transport's too: a malformed packet over TLS gets the
+    DISCONNECT it gets over TCP."""
+    server = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki))
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+    with socket.create_connection((HOST, server.endpoints["tls"]), timeout=5) as plain:
+        s = ctx.wrap_socket(plain, server_hostname="localhost")
+        s.sendall(connect_packet("tls-raw"))
+        assert read_packet(s)[0] == 0x20
+        # PUBLISH with a topic holding a wildcard: Topic Name invalid (0x90).
+        body = struct.pack("!H", 3) + b"a/#" + b"\x00"
+        s.sendall(bytes([0x30, len(body)]) + body)
+        reply = read_packet(s)
+        assert reply[0] == 0xE0 and reply[2] == 0x90, reply  # Topic Name invalid
+
+
+def read_packet(s) -> bytes:
+    """One whole MQTT packet (its remaining length under 128 bytes) from a socket."""
+    head = b""
+    while len(head) < 2:
+        chunk = s.recv(2 - len(head))
+        assert chunk, "closed"
+        head += chunk
+    body = b""
+    while len(body) < head[1]:
+        chunk = s.recv(head[1] - len(body))
+        assert chunk, "closed"
+        body += chunk
+    return head + body
