@@ -52,6 +52,51 @@ pub struct Server {
     pub port: u16,
     pub log_path: PathBuf,
     work_dir: PathBuf,
+    /// Set for a server started with [`Server::start_tls`]: the files its clients use.
+    pub tls: Option<ClientTls>,
+}
+
+/// What an SDK client needs to reach a mutual TLS listener: the CA that signed the server's
+/// certificate, and a client certificate and key that CA signed.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Runs `openssl` with `args` in `dir`, failing the test if it fails.
+fn openssl(dir: &PathBuf, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test CA, a server certificate for 127.0.0.1 and localhost, and a client certificate,
+/// made in `dir` with the openssl command.
+fn make_certs(dir: &PathBuf) {
+    openssl(dir, &["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+        "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=interop CA"]);
+    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        .expect("write extensions");
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")
+        .expect("write extensions");
+    for (name, cn) in [("server", "localhost"), ("client", "interop-device")] {
+        let subj = format!("/CN={cn}");
+        let (key, csr, pem, ext) =
+            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
+        openssl(dir, &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", &key, "-out", &csr, "-subj", &subj]);
+        openssl(dir, &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext]);
+    }
 }
 
 /// A port nobody listens on now.
@@ -83,12 +128,13 @@ impl Server {
         std::fs::create_dir_all(&work_dir).expect("create server work dir");
         let role = std::env::var("MQKV_INTEROP_CLUSTER").ok().filter(|r| !r.is_empty());
         let Some(role) = role else {
-            let (child, port) = spawn(&bin, &["serve", "--listen", "127.0.0.1:0"], &work_dir, &log_path);
+            let (child, port) = spawn(&bin, &["serve", "--listen", "127.0.0.1:0"], &work_dir, &log_path, "");
             return Server {
                 children: vec![child],
                 port,
                 log_path,
                 work_dir,
+                tls: None,
             };
         };
         assert!(
@@ -113,7 +159,7 @@ impl Server {
             ];
             args.extend(peers.iter().map(String::as_str));
             let log = log_path.with_extension(format!("node{id}.log"));
-            let (child, port) = spawn(&bin, &args, &work_dir, &log);
+            let (child, port) = spawn(&bin, &args, &work_dir, &log, "");
             children.push(child);
             ports.push(port);
         }
@@ -125,13 +171,49 @@ impl Server {
             port: ports[index],
             log_path,
             work_dir,
+            tls: None,
+        }
+    }
+
+    /// Starts a single server whose [`Server::port`] is a TLS listener that requires a client
+    /// certificate; the certificates are made for the test (see [`ClientTls`]).
+    pub fn start_tls(name: &str) -> Server {
+        let bin = std::fs::canonicalize(mqkv_bin())
+            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let log_dir = tmp.join("mqkv-interop-logs");
+        std::fs::create_dir_all(&log_dir).expect("create log dir");
+        let log_path = log_dir.join(format!("{name}.log"));
+        let work_dir = tmp
+            .join("mqkv-interop-run")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work_dir);
+        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+        make_certs(&work_dir);
+        let args = [
+            "serve", "--listen", "127.0.0.1:0", "--listen-tls", "127.0.0.1:0", "--tls-cert",
+            "server.pem", "--tls-key", "server.key", "--tls-client-ca", "ca.pem",
+            "--tls-require-client-cert",
+        ];
+        let (child, port) = spawn(&bin, &args, &work_dir, &log_path, "tls://");
+        Server {
+            children: vec![child],
+            port,
+            log_path,
+            tls: Some(ClientTls {
+                ca: work_dir.join("ca.pem"),
+                cert: work_dir.join("client.pem"),
+                key: work_dir.join("client.key"),
+            }),
+            work_dir,
         }
     }
 }
 
 /// Starts `bin` with `args` in `dir`, standard error to `log`; returns it with the port of its
-/// first listener.
-fn spawn(bin: &PathBuf, args: &[&str], dir: &PathBuf, log: &PathBuf) -> (Child, u16) {
+/// first listener whose `listening on` line goes on with `scheme` (`""` for plain TCP,
+/// `"tls://"`).
+fn spawn(bin: &PathBuf, args: &[&str], dir: &PathBuf, log: &PathBuf, scheme: &str) -> (Child, u16) {
     let log_file = File::create(log).expect("create server log file");
     // Connection events (accepted, connected, refused, closed and why) go to the log too,
     // so a client that cannot connect leaves a trace of what the server saw.
@@ -152,11 +234,21 @@ fn spawn(bin: &PathBuf, args: &[&str], dir: &PathBuf, log: &PathBuf) -> (Child, 
     // keep draining stdout so the server can never block on a full pipe.
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
+    let wanted = format!("listening on {scheme}");
     std::thread::spawn(move || {
         let mut reader = BufReader::new(stdout);
-        let mut first = String::new();
-        let _ = reader.read_line(&mut first);
-        let _ = tx.send(first);
+        loop {
+            let mut line = String::new();
+            if !matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                let _ = tx.send(line);
+                return;
+            }
+            let rest = line.trim().strip_prefix(wanted.as_str()).unwrap_or("");
+            if rest.starts_with(|c: char| c.is_ascii_digit()) {
+                let _ = tx.send(line);
+                break;
+            }
+        }
         let mut sink = [0u8; 4096];
         while matches!(reader.read(&mut sink), Ok(n) if n > 0) {}
     });
@@ -298,15 +390,21 @@ impl AioClient {
     /// As [`AioClient::connect`], plus `extra` more state store clients sharing the session.
     pub async fn connect_with_extra(server: &Server, id: &str, extra: usize) -> AioClient {
         SdkLog::install();
-        let connection_settings = MqttConnectionSettingsBuilder::default()
+        let mut settings = MqttConnectionSettingsBuilder::default()
             .client_id(id)
             .hostname("127.0.0.1")
             .tcp_port(server.port)
             .keep_alive(Duration::from_secs(30))
             .clean_start(true)
-            .use_tls(false)
-            .build()
-            .expect("connection settings");
+            .use_tls(server.tls.is_some());
+        if let Some(tls) = &server.tls {
+            let path = |p: &PathBuf| Some(p.display().to_string());
+            settings = settings
+                .ca_file(path(&tls.ca))
+                .cert_file(path(&tls.cert))
+                .key_file(path(&tls.key));
+        }
+        let connection_settings = settings.build().expect("connection settings");
         let session_options = SessionOptionsBuilder::default()
             .connection_settings(connection_settings)
             .build()
