@@ -18,9 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{Properties, QoS};
 pub use crate::replicated::{Claim, SessionRecord};
-use crate::session::{Message, Session};
-use crate::subtree::shared_key;
-use crate::{topic, Broker};
+use crate::session::Message;
 
 /// The other nodes, as the broker sees them.
 pub trait Federation: Send + Sync + 'static {
@@ -44,16 +42,6 @@ pub trait Federation: Send + Sync + 'static {
     fn session_changed(&self, client_id: &str);
 }
 
-/// See [`Broker::downgrade`].
-#[derive(Clone)]
-pub struct WeakBroker(std::sync::Weak<crate::broker::Inner>);
-
-impl WeakBroker {
-    pub fn upgrade(&self) -> Option<Broker> {
-        self.0.upgrade().map(|inner| Broker { inner })
-    }
-}
-
 /// What [`Federation::forward`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Forwarded {
@@ -62,14 +50,6 @@ pub struct Forwarded {
     /// The keys of the shared groups here that get the message ([`crate::subtree::shared_key`]),
     /// or `None` for every matching one.
     pub shared_here: Option<Vec<String>>,
-}
-
-/// Which of the matching shared groups on this node get a message.
-#[derive(Debug, Clone, Copy)]
-pub enum SharedHere<'a> {
-    All,
-    /// Only those with these keys.
-    Only(&'a [String]),
 }
 
 /// What a node subscribes to, as it tells the other nodes.
@@ -99,57 +79,6 @@ impl Routes {
 /// What [`Federation::claim`] answers.
 pub type ClaimFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<SessionRecord>, u8>> + Send>>;
-
-impl Broker {
-    /// Joins this broker to others (see [`crate::federation`]). Only the first call counts.
-    pub fn federate(&self, federation: Arc<dyn crate::federation::Federation>) {
-        let _ = self.inner.federation.set(federation);
-    }
-
-    /// Routes a message another node forwarded: to the plain subscriptions here and to the
-    /// shared groups `shared` names (by key). A retained message is not stored: the cluster
-    /// sets retained messages on every node itself (see [`Broker::set_retained`]).
-    pub fn route_from_peer(&self, message: Message, shared: &[String]) -> usize {
-        self.inner
-            .deliver_local(Arc::new(message), SharedHere::Only(shared))
-    }
-
-    /// Every topic filter and shared group some session here subscribes to, each once, in
-    /// order.
-    pub fn subscribed_routes(&self) -> Routes {
-        let sessions: Vec<Arc<Session>> = self.inner.sessions.lock().values().cloned().collect();
-        let mut plain = std::collections::BTreeSet::new();
-        let mut shared = std::collections::BTreeSet::new();
-        for session in sessions {
-            for f in session.state.lock().subscriptions.keys() {
-                match topic::parse_filter(f) {
-                    Some(spec) => match spec.group {
-                        Some(group) => shared.insert(shared_key(group, spec.filter)),
-                        None => plain.insert(spec.filter.to_owned()),
-                    },
-                    None => false,
-                };
-            }
-        }
-        Routes {
-            plain: plain.into_iter().collect(),
-            shared: shared.into_iter().collect(),
-        }
-    }
-
-    /// A handle that does not keep the broker alive (for what the broker itself holds).
-    pub fn downgrade(&self) -> WeakBroker {
-        WeakBroker(Arc::downgrade(&self.inner))
-    }
-
-    /// The keys of the shared groups here that `topic` matches.
-    pub fn shared_groups_matching(&self, topic: &str) -> Vec<String> {
-        let subs = self.inner.subs.read();
-        let mut m = crate::subtree::Matches::default();
-        subs.matches(topic, &mut m);
-        m.shared.iter().map(|g| g.key.to_string()).collect()
-    }
-}
 
 /// A message on its way to another node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

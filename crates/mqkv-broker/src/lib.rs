@@ -6,28 +6,31 @@
 //! The broker knows nothing about the state store: services claim topics with
 //! [`Broker::claim`] and talk back with [`Broker::publish`] and [`Broker::deliver`].
 
-mod affinity;
 pub mod auth;
 mod broker;
+mod cluster;
 pub mod codec;
 pub mod config;
 mod connection;
 pub mod federation;
+mod inner;
+mod listener;
 pub mod persist;
-mod quickack;
+mod placement;
 pub mod replicated;
+mod saved;
 pub mod service;
 mod session;
 pub mod subtree;
-mod threads;
 pub mod topic;
 pub mod transport;
 
 pub use broker::Broker;
+pub use cluster::WeakBroker;
 pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
+pub use placement::LentThread;
 pub use service::{
     ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };
 pub use session::Message;
-pub use threads::LentThread;
 pub use transport::{Tls, TlsFiles, Transport};

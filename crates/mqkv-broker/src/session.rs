@@ -16,6 +16,7 @@ use tokio::sync::Notify;
 
 use crate::codec::{self, Packet, PerReceiver, Properties, PublishRef, QoS, SubscriptionOptions};
 use crate::config::QueueFullPolicy;
+use crate::placement::{Output, Relocate, Sources};
 
 /// A published message as routed: shared by every session that receives it.
 #[derive(Debug)]
@@ -116,7 +117,7 @@ pub struct Link {
     queued_while_deferred: bool,
     /// How queued output reaches the connection's socket from the task that queued it.
     output: Option<Arc<dyn Output>>,
-    /// The connection thread serving it (see [`crate::threads::current_home`]).
+    /// The connection thread serving it (see [`crate::placement::current_home`]).
     home: usize,
     /// How a new connection for the same client asks this one to finish what it received.
     pub handover: Arc<Handover>,
@@ -124,49 +125,6 @@ pub struct Link {
     sources: Sources,
     /// How the connection is asked to move to the thread that sends it (nearly) everything.
     pub(crate) relocate: Arc<Relocate>,
-}
-
-/// Deliveries counted per decision on where a connection's messages come from.
-const SOURCE_WINDOW: u32 = 128;
-/// Of a window, how many must come from one other thread for the connection to move there.
-const SOURCE_MAJORITY: u32 = SOURCE_WINDOW - SOURCE_WINDOW / 16;
-
-/// Counts, over a window of deliveries, those routed on the same other connection thread in a
-/// row (a delivery from a third thread starts the count again).
-#[derive(Debug, Default)]
-struct Sources {
-    seen: u32,
-    from: usize,
-    from_count: u32,
-}
-
-/// A request that a connection move to another connection thread: its subscriptions are fed
-/// (nearly) only by publishers served there, so each message crosses between threads, a
-/// wake-up of the receiving thread and a hand-off on every publish. The connection's reader
-/// moves it when it can (see `connection::Conn::try_move`).
-#[derive(Debug, Default)]
-pub(crate) struct Relocate {
-    /// The thread to move to, as [`crate::threads::current_home`] numbers them; 0 for none.
-    target: std::sync::atomic::AtomicUsize,
-    pub(crate) asked: Notify,
-}
-
-impl Relocate {
-    fn ask(&self, home: usize) {
-        self.target
-            .store(home, std::sync::atomic::Ordering::Relaxed);
-        self.asked.notify_one();
-    }
-
-    /// Whether a move was asked for and not yet taken.
-    pub(crate) fn pending(&self) -> bool {
-        self.target.load(std::sync::atomic::Ordering::Relaxed) != 0
-    }
-
-    /// Takes the thread asked for, if any.
-    pub(crate) fn take(&self) -> usize {
-        self.target.swap(0, std::sync::atomic::Ordering::Relaxed)
-    }
 }
 
 /// A connection taken over by a new one for the same client first handles every packet it has
@@ -213,14 +171,6 @@ impl Handover {
     }
 }
 
-/// How output queued in a session reaches its connection's socket: implemented by the
-/// connection. The session only queues and signals; it holds no socket.
-pub(crate) trait Output: Send + Sync + std::fmt::Debug {
-    /// Writes what `session` has ready for the connection, as far as the socket takes it
-    /// without waiting; the rest is left to the connection's writer task.
-    fn write_ready(&self, session: &Session);
-}
-
 /// What a task needs to write a connection's queued output itself (see
 /// [`Session::enqueue_direct`]).
 pub(crate) struct Direct {
@@ -230,29 +180,9 @@ pub(crate) struct Direct {
 }
 
 impl Link {
-    /// Counts a delivery routed on connection thread `from` (0: off the connection threads, not
-    /// counted) and asks the connection to move once a window's deliveries came from one other
-    /// thread.
+    /// Counts a delivery routed on connection thread `from` (see [`Sources`]).
     fn count_source(&mut self, from: usize) {
-        if from == 0 || self.home == 0 {
-            return;
-        }
-        let s = &mut self.sources;
-        s.seen += 1;
-        if from != self.home {
-            if from == s.from {
-                s.from_count += 1;
-            } else {
-                s.from = from;
-                s.from_count = 1;
-            }
-        }
-        if s.seen >= SOURCE_WINDOW {
-            if s.from_count >= SOURCE_MAJORITY {
-                self.relocate.ask(s.from);
-            }
-            *s = Sources::default();
-        }
+        self.sources.count(from, self.home, &self.relocate);
     }
 
     /// Wakes the writer unless the reader is about to flush anyway.
@@ -358,7 +288,7 @@ impl Session {
     /// it straight away, returns the writer instead of waking the writer task: the caller then
     /// writes it with [`Output::write_ready`], which saves a task hand-off per
     /// message and gets the message out before the caller's own acknowledgements. `from` is the
-    /// connection thread routing the message (see [`crate::threads::current_home`]): where a
+    /// connection thread routing the message (see [`crate::placement::current_home`]): where a
     /// connection's messages come from decides whether it is asked to move (see [`Relocate`]).
     pub(crate) fn enqueue_direct(
         &self,
@@ -413,7 +343,7 @@ impl Session {
     }
 
     /// The connection thread serving the session's connection (see
-    /// [`crate::threads::current_home`]); 0 when offline.
+    /// [`crate::placement::current_home`]); 0 when offline.
     #[cfg(test)]
     pub(crate) fn home(&self) -> usize {
         self.state.lock().link.as_ref().map_or(0, |l| l.home)

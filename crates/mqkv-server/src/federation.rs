@@ -20,11 +20,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use mqkv_broker::federation::{
-    ClaimFuture, Federation, Forwarded, ForwardedMessage, Routes, WeakBroker,
-};
+use mqkv_broker::federation::{ClaimFuture, Federation, Forwarded, ForwardedMessage, Routes};
 use mqkv_broker::replicated::Claim;
-use mqkv_broker::{Broker, Message};
+use mqkv_broker::{Broker, Message, WeakBroker};
 use mqkv_raft::{NodeId, StoreNode};
 use parking_lot::RwLock;
 use tokio::sync::Notify;

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::publish::CachedWaker;
 use super::read_room::ReadRoom;
 use super::writing::{self, WriteState, Writer, WriterTask};
 use super::{negotiate, Conn, LiveGuard};
 use crate::auth::AuthRequest;
-use crate::broker::{identity, Inner};
 use crate::codec::{self, reason, ConnAck, Connect, DecodeError, Packet, Properties};
+use crate::inner::{identity, Inner};
+use crate::placement::CachedWaker;
 use crate::session::{Link, Message};
 use crate::subtree::ClientId;
 use crate::topic;

@@ -34,13 +34,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use crate::broker::Inner;
 use crate::codec::{self, Packet};
+use crate::inner::Inner;
 use crate::session::{Message, Session};
 use crate::subtree::ClientId;
 
+use crate::placement::CachedWaker;
 pub(crate) use handshake::run;
-use publish::{CachedWaker, Queued};
+use publish::Queued;
 use read_room::ReadRoom;
 use writing::Writer;
 
@@ -79,12 +80,12 @@ pub(super) struct Conn {
     wr: Writer,
     notify: Arc<tokio::sync::Notify>,
     /// This connection's copy of the service claims.
-    services: crate::broker::ServiceClaims,
-    /// The waker services' futures get (see [`crate::threads::home_waker`]).
+    services: crate::inner::ServiceClaims,
+    /// The waker services' futures get (see [`crate::placement::CachedWaker`]).
     waker: CachedWaker,
     handover: Arc<crate::session::Handover>,
     /// How the session asks the connection to move to another thread.
-    relocate: Arc<crate::session::Relocate>,
+    relocate: Arc<crate::placement::Relocate>,
     /// Times the connection moved, and when it may move again: each move doubles the wait, so
     /// two connections that feed each other from different threads do not trade places for long.
     moves: u32,

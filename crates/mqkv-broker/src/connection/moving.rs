@@ -1,13 +1,13 @@
-//! Moving a connection to another connection thread (see [`crate::threads`]).
+//! Moving a connection to another connection thread (see [`crate::placement`]).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
-use super::publish::CachedWaker;
 use super::writing::{self, WriteState, WriterTask};
 use super::{Conn, End, LiveGuard};
+use crate::placement::CachedWaker;
 use crate::transport::{self, ReadHalf, Stream};
 
 /// How a connection's read loop ended.
@@ -60,7 +60,7 @@ impl Conn {
                             return;
                         }
                     };
-                    tracing::debug!(client_id = %self.client_id, from = crate::threads::current_home(), to = home, "connection moves");
+                    tracing::debug!(client_id = %self.client_id, from = crate::placement::current_home(), to = home, "connection moves");
                     let inner = self.inner.clone();
                     inner.threads.serve_on(home - 1, stream, move |stream| {
                         self.resume(stream, buf, keep_alive, guard, live)
@@ -107,7 +107,7 @@ impl Conn {
         movable: bool,
     ) -> Option<Result<(usize, tokio::sync::OwnedMutexGuard<WriteState>), ()>> {
         let home = self.relocate.take();
-        let here = crate::threads::current_home();
+        let here = crate::placement::current_home();
         // A connection that publishes as well may be one side of a request and response whose
         // other side is asked to move to it at the same time: only the one on the later thread
         // moves, so the two do not trade places.

@@ -3,7 +3,7 @@
 //! the publishes arrived.
 
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::{Conn, Violation};
@@ -56,35 +56,6 @@ pub(super) enum Work {
     Running(ServiceFuture),
     /// Handed back by the service: started once every earlier publish has finished.
     NotStarted(Box<ServicePublish>, Arc<dyn Service>),
-}
-
-/// A task's waker wrapped by [`crate::threads::home_waker`], made once and reused while the
-/// task's waker stays the same.
-#[derive(Default)]
-pub(super) struct CachedWaker(Option<(Waker, Waker)>);
-
-impl CachedWaker {
-    pub(super) fn get(&mut self, task: &Waker) -> &Waker {
-        let fresh = !matches!(&self.0, Some((t, _)) if t.will_wake(task));
-        if fresh {
-            self.0 = None;
-        }
-        let (_, wrapped) = self
-            .0
-            .get_or_insert_with(|| (task.clone(), crate::threads::home_waker(task)));
-        wrapped
-    }
-
-    /// Polls a service's future with the task's waker, wrapped.
-    pub(super) fn poll(
-        &mut self,
-        future: &mut ServiceFuture,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<OutboundMessage>> {
-        future
-            .as_mut()
-            .poll(&mut Context::from_waker(self.get(cx.waker())))
-    }
 }
 
 /// The acknowledgement a publish of `qos` gets: PUBACK, PUBREC, or none at QoS 0.

@@ -214,10 +214,8 @@ impl Conn {
                         last = Instant::now();
                         received = true;
                         self.read_room.read(n, room);
-                        if held == 0 && crate::quickack::only_acknowledgements(&buf) {
-                            if let Some(tcp) = rd.tcp() {
-                                crate::quickack::ack_at_once(tcp);
-                            }
+                        if held == 0 && crate::transport::only_acknowledgements(&buf) {
+                            rd.ack_at_once();
                         }
                     }
                 },

@@ -179,27 +179,32 @@ pub(super) async fn write_loop(
 }
 
 /// How the session's output reaches this connection's socket, for tasks other than the
-/// connection's own (see [`crate::session::Output`]).
+/// connection's own (see [`crate::placement::Output`]). The session holds it, so it holds the
+/// session weakly.
 #[derive(Debug)]
-pub(super) struct Outlet {
+struct Outlet {
+    session: std::sync::Weak<Session>,
     conn_id: u64,
     wr: Writer,
     notify: Arc<Notify>,
 }
 
-impl crate::session::Output for Outlet {
-    fn write_ready(&self, session: &Session) {
-        write_ready(session, self.conn_id, &self.wr, &self.notify);
+impl crate::placement::Output for Outlet {
+    fn write_ready(&self) {
+        if let Some(session) = self.session.upgrade() {
+            write_ready(&session, self.conn_id, &self.wr, &self.notify);
+        }
     }
 }
 
 /// Lets tasks other than the connection's own write `session`'s output for connection
 /// `conn_id` through `wr`. Called on the thread that serves the connection.
-pub(super) fn attach(session: &Session, conn_id: u64, wr: &Writer, notify: &Arc<Notify>) {
+pub(super) fn attach(session: &Arc<Session>, conn_id: u64, wr: &Writer, notify: &Arc<Notify>) {
     let outlet = Outlet {
+        session: Arc::downgrade(session),
         conn_id,
         wr: wr.clone(),
         notify: notify.clone(),
     };
-    session.set_output(conn_id, Arc::new(outlet), crate::threads::current_home());
+    session.set_output(conn_id, Arc::new(outlet), crate::placement::current_home());
 }

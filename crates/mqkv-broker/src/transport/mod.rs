@@ -7,6 +7,7 @@
 //! stream of bytes.
 
 mod io;
+mod quickack;
 pub mod tls;
 pub mod ws;
 
@@ -23,6 +24,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 pub use io::Io;
+pub(crate) use quickack::only_acknowledgements;
 pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles};
 
 /// How clients reach a listener.
@@ -189,11 +191,11 @@ impl ReadHalf {
         }
     }
 
-    /// The TCP socket underneath, where the connection is plain TCP.
-    pub(crate) fn tcp(&self) -> Option<&TcpStream> {
-        match self {
-            ReadHalf::Tcp(r) => Some(r.as_ref()),
-            _ => None,
+    /// Has the kernel acknowledge what was read at once, on plain TCP (see [`quickack`]):
+    /// for input that holds only acknowledgements, which get no answer to carry the ACK.
+    pub(crate) fn ack_at_once(&self) {
+        if let ReadHalf::Tcp(r) = self {
+            quickack::ack_at_once(r.as_ref());
         }
     }
 }

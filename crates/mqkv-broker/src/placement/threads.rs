@@ -24,7 +24,7 @@
 //! answers posted together costs one.
 //!
 //! With `pin_connection_threads` each thread is pinned to a CPU of its own (see
-//! [`crate::affinity`]); the threads their runtimes start for blocking work may run on every CPU
+//! [`super::affinity`]); the threads their runtimes start for blocking work may run on every CPU
 //! the process may use.
 //!
 //! One thread can be lent ([`ConnThreads::lend_last`]) for other work to run on beside its
@@ -32,7 +32,7 @@
 //! lent thread stops when the loan ends ([`LentThread`] is dropped), not with the others.
 //!
 //! The threads accept from the listening socket themselves (each on its own poller; up to four
-//! of them, see [`crate::broker::ACCEPTING_THREADS`]), so a new connection is usually served by
+//! of them, see [`ACCEPTING_THREADS`]), so a new connection is usually served by
 //! the thread that accepted it, with no hand-over. A thread that already serves two or more
 //! connections more than the least busy one hands a connection it accepts over to that thread
 //! instead, so long-lived connections end up spread evenly.
@@ -47,8 +47,8 @@ use parking_lot::Mutex;
 use tokio::net::TcpStream;
 use tokio::sync::{oneshot, Notify};
 
-use crate::affinity;
-use crate::session::{Direct, Session};
+use super::affinity;
+use super::Output;
 
 thread_local! {
     /// One more than the index of the connection thread running here; 0 elsewhere.
@@ -65,7 +65,7 @@ pub(crate) fn current_home() -> usize {
 /// Work posted to a connection thread.
 pub(crate) enum Posted {
     /// Output a connection has ready.
-    Write(Arc<Session>, Direct),
+    Write(Arc<dyn Output>),
     /// A task of the thread to wake.
     Wake(Waker),
 }
@@ -418,9 +418,9 @@ impl ConnThreads {
 
     /// Posts output for a connection served by thread `home` (as [`current_home`] numbers
     /// them).
-    pub(crate) fn post(&self, home: usize, session: Arc<Session>, direct: Direct) {
+    pub(crate) fn post(&self, home: usize, output: Arc<dyn Output>) {
         if let Some(thread) = home.checked_sub(1).and_then(|i| self.threads.get(i)) {
-            thread.outbox.post(Posted::Write(session, direct));
+            thread.outbox.post(Posted::Write(output));
         }
     }
 
@@ -431,6 +431,24 @@ impl ConnThreads {
                 let _ = stop.send(());
             }
         }
+    }
+}
+
+/// Most connection threads that accept from one listener. Each new connection wakes every
+/// thread waiting on the listener, and all but one of them find nothing to accept: a few
+/// accepting threads spare most connections a hand-over without waking every core for each.
+pub(crate) const ACCEPTING_THREADS: usize = 4;
+
+/// Which of `n` connection threads accept: at most [`ACCEPTING_THREADS`], spread evenly.
+pub(crate) fn accepting_threads(n: usize) -> impl Iterator<Item = usize> {
+    let k = n.clamp(1, ACCEPTING_THREADS);
+    (0..k).map(move |i| i * n.max(1) / k)
+}
+
+impl ConnThreads {
+    /// The threads that accept from a listener (see [`accepting_threads`]).
+    pub(crate) fn accepting(&self) -> impl Iterator<Item = usize> {
+        accepting_threads(self.len())
     }
 }
 
@@ -451,9 +469,7 @@ async fn flush_outbox(outbox: Arc<Outbox>) {
         }
         for posted in batch.drain(..) {
             match posted {
-                Posted::Write(session, d) => {
-                    d.output.write_ready(&session);
-                }
+                Posted::Write(output) => output.write_ready(),
                 Posted::Wake(task) => task.wake(),
             }
         }
@@ -794,5 +810,16 @@ mod tests {
             .map(|t| t.live.load(Ordering::Relaxed))
             .collect();
         assert_eq!(live, vec![4, 2]);
+    }
+
+    #[test]
+    fn a_few_threads_accept_spread_evenly() {
+        let accepting = |n| accepting_threads(n).collect::<Vec<_>>();
+        assert_eq!(accepting(0), vec![0]);
+        assert_eq!(accepting(1), vec![0]);
+        assert_eq!(accepting(2), vec![0, 1]);
+        assert_eq!(accepting(4), vec![0, 1, 2, 3]);
+        assert_eq!(accepting(8), vec![0, 2, 4, 6]);
+        assert_eq!(accepting(10), vec![0, 2, 5, 7]);
     }
 }

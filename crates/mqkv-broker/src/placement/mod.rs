@@ -1,0 +1,30 @@
+//! Where connections run, and the machinery that makes that fast: connection threads each with
+//! a runtime of their own, CPU pinning and batch scheduling ([`affinity`]), connections moving
+//! to the thread that feeds them ([`colocate`]), output and wake-ups posted between threads in
+//! batches, and the thread lent to the state store.
+//!
+//! The rest of the broker sees a narrow interface: which thread it runs on
+//! ([`current_home`]), the threads to place, spawn and move connections on ([`ConnThreads`]),
+//! the [`Output`] a connection implements so that other threads can have its output written,
+//! and a waker for services' futures ([`CachedWaker`]). Protocol code does not look behind it.
+
+mod affinity;
+mod colocate;
+mod threads;
+mod waker;
+
+pub(crate) use colocate::{Relocate, Sources};
+pub use threads::LentThread;
+pub(crate) use threads::{current_home, ConnThreads};
+pub(crate) use waker::CachedWaker;
+
+use threads::home_waker;
+
+/// Output a connection has ready, written from whichever task asks: its own thread's tasks
+/// write it at once, other threads post it to the connection's thread. Implemented by the
+/// connection; a session holds one, not the socket.
+pub(crate) trait Output: Send + Sync + std::fmt::Debug {
+    /// Writes what the connection's session has ready, as far as the socket takes it without
+    /// waiting; the rest is left to the connection's writer task.
+    fn write_ready(&self);
+}
