@@ -10,6 +10,7 @@ mod mqtt;
 mod report;
 mod servers;
 mod store;
+mod wire;
 mod workloads;
 
 use std::io::Write;
@@ -23,9 +24,10 @@ use serde_json::json;
 
 use report::RunResult;
 use servers::{Binaries, Server, Target};
+use wire::{Certs, Wire};
 use workloads::{KvMode, Settings};
 
-const ALL_WORKLOADS: [&str; 11] = [
+const ALL_WORKLOADS: [&str; 13] = [
     "set",
     "get",
     "mix",
@@ -33,6 +35,8 @@ const ALL_WORKLOADS: [&str; 11] = [
     "notify",
     "fanin",
     "fanout",
+    "tls",
+    "ws",
     "rate",
     "storm",
     "mem-conns",
@@ -46,7 +50,8 @@ const ALL_WORKLOADS: [&str; 11] = [
     after_help = "Workloads: set, get, mix (state store, with Redis as anchor); pipe (SET with \
                   many requests in flight on one connection, with Redis pipelining as anchor); \
                   notify (key notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
-                  Mosquitto); rate (QoS 1 latency at a fixed rate); storm (connects per \
+                  Mosquitto); tls, ws (pub/sub QoS 1 fan-in and fan-out over TLS and over WebSocket, with \
+                  Mosquitto on the same transport); rate (QoS 1 latency at a fixed rate); storm (connects per \
                   second); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
 )]
 struct Args {
@@ -248,7 +253,8 @@ enum Job {
     /// SET pipelined on one connection: depth, value size.
     Pipe(usize, usize),
     Notify(usize),
-    PubSub(bool, QoS, usize),
+    /// Fan-in (true) or fan-out, QoS, clients, over the connection kind given.
+    PubSub(bool, QoS, usize, Wire),
     Rate,
     Storm(usize),
     MemConns,
@@ -316,7 +322,19 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
                     for &c in &p.clients {
                         for t in [Target::Mqkv, Target::Mosquitto] {
                             if has(t) {
-                                out.push((t, Job::PubSub(w == "fanin", qos, c)));
+                                out.push((t, Job::PubSub(w == "fanin", qos, c, Wire::Tcp)));
+                            }
+                        }
+                    }
+                }
+            }
+            "tls" | "ws" => {
+                let wire = if w == "tls" { Wire::Tls } else { Wire::Ws };
+                for fanin in [true, false] {
+                    for &c in &p.clients {
+                        for t in [Target::Mqkv, Target::Mosquitto] {
+                            if has(t) {
+                                out.push((t, Job::PubSub(fanin, QoS::AtLeastOnce, c, wire)));
                             }
                         }
                     }
@@ -363,8 +381,12 @@ fn workload_name(job: &Job) -> &'static str {
         Job::Kv(m, ..) => m.name(),
         Job::Pipe(..) => "set-pipelined",
         Job::Notify(_) => "notify",
-        Job::PubSub(true, ..) => "pubsub-fanin",
-        Job::PubSub(false, ..) => "pubsub-fanout",
+        Job::PubSub(true, .., Wire::Tcp) => "pubsub-fanin",
+        Job::PubSub(false, .., Wire::Tcp) => "pubsub-fanout",
+        Job::PubSub(true, .., Wire::Tls) => "pubsub-fanin-tls",
+        Job::PubSub(false, .., Wire::Tls) => "pubsub-fanout-tls",
+        Job::PubSub(true, .., Wire::Ws) => "pubsub-fanin-ws",
+        Job::PubSub(false, .., Wire::Ws) => "pubsub-fanout-ws",
         Job::Rate => "pubsub-rate",
         Job::Storm(_) => "conn-storm",
         Job::MemConns => "mem-idle-conns",
@@ -377,7 +399,7 @@ fn job_clients(job: &Job, s: &Settings) -> usize {
         Job::Kv(_, c, _)
         | Job::Pipe(c, _)
         | Job::Notify(c)
-        | Job::PubSub(_, _, c)
+        | Job::PubSub(_, _, c, _)
         | Job::Storm(c) => *c,
         Job::Rate => 1,
         Job::MemConns => s.idle_connections,
@@ -406,7 +428,11 @@ fn run_job(
     scratch: &Path,
     s: &Settings,
 ) -> RunResult {
-    let server = match Server::start(target, bins, scratch) {
+    let wire = match job {
+        Job::PubSub(.., wire) => *wire,
+        _ => Wire::Tcp,
+    };
+    let server = match Server::start_over(target, wire, bins.certs.as_ref(), bins, scratch) {
         Ok(server) => server,
         Err(e) => {
             let mut r = RunResult::new(workload_name(job), target, job_clients(job, s));
@@ -419,7 +445,7 @@ fn run_job(
             Job::Kv(mode, c, size) => workloads::kv(*mode, &server, *c, *size, s).await,
             Job::Pipe(depth, size) => workloads::pipelined(&server, *depth, *size, s).await,
             Job::Notify(c) => workloads::notify(&server, *c, s).await,
-            Job::PubSub(fanin, qos, c) => workloads::pubsub(*fanin, *qos, &server, *c, s).await,
+            Job::PubSub(fanin, qos, c, _) => workloads::pubsub(*fanin, *qos, &server, *c, s).await,
             Job::Rate => workloads::rate(&server, s).await,
             Job::Storm(c) => workloads::storm(&server, *c, s).await,
             Job::MemConns => workloads::mem_idle(&server, s.idle_connections).await,
@@ -567,6 +593,7 @@ fn run_interleaved(
             mqkv_args: bins.mqkv_args.clone(),
             mosquitto: None,
             redis: None,
+            certs: None,
         };
         (Target::MqkvDisk, Some(b), path.display().to_string())
     };
@@ -702,14 +729,15 @@ fn run(args: Args) -> Result<()> {
     for n in &notes {
         eprintln!("note: {n}");
     }
+    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
     let bins = Binaries {
         mqkv,
         mqkv_args: args.server_args.clone(),
         mosquitto,
         redis,
+        certs: Some(Certs::make(&scratch.join("certs")).context("making test certificates")?),
     };
-    let scratch = std::env::temp_dir().join(format!("mqkv-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -868,6 +896,7 @@ mod tests {
             mqkv_args: Vec::new(),
             mosquitto: None,
             redis: redis.then(|| PathBuf::from("redis-server")),
+            certs: None,
         }
     }
 

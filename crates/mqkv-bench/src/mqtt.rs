@@ -9,13 +9,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use crate::wire::{Dial, Link};
+use anyhow::{anyhow, bail, Result};
 use bytes::{Buf, Bytes, BytesMut};
 use mqkv_broker::codec::{
     Connect, Packet, Properties, Publish, QoS, Subscribe, SubscriptionOptions, V5,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Fixed header type nibbles of the packets a client receives.
 pub const CONNACK: u8 = 2;
@@ -238,7 +237,7 @@ impl PacketIds {
 
 /// One MQTT 5 connection.
 pub struct Conn {
-    pub stream: TcpStream,
+    pub stream: Link,
     pub rbuf: BytesMut,
     /// Acknowledgements waiting to go out with the next write.
     pub wbuf: BytesMut,
@@ -248,10 +247,12 @@ pub struct Conn {
 impl Conn {
     /// TCP connect, CONNECT (clean start, no keep alive, receive maximum 65535), CONNACK.
     pub async fn connect(addr: SocketAddr, client_id: &str) -> Result<Conn> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
-        stream.set_nodelay(true)?;
+        Conn::dial(&Dial::Tcp, addr, client_id).await
+    }
+
+    /// As [`Conn::connect`], over the connection kind `dial` says.
+    pub async fn dial(dial: &Dial, addr: SocketAddr, client_id: &str) -> Result<Conn> {
+        let stream = dial.connect(addr).await?;
         let mut conn = Conn {
             stream,
             rbuf: BytesMut::with_capacity(READ_CHUNK),

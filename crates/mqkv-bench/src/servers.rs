@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
+use crate::wire::{Certs, Dial, Wire, WS_PATH};
+
 /// A server under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum Target {
@@ -56,6 +58,8 @@ pub struct Binaries {
     pub mqkv: PathBuf,
     /// Extra arguments for `mqkv serve`.
     pub mqkv_args: Vec<String>,
+    /// Certificates for TLS listeners.
+    pub certs: Option<Certs>,
     pub mosquitto: Option<PathBuf>,
     pub redis: Option<PathBuf>,
 }
@@ -74,6 +78,8 @@ impl Binaries {
 pub struct Server {
     pub target: Target,
     pub addr: SocketAddr,
+    /// How clients reach `addr`.
+    pub dial: Dial,
     child: Child,
     dir: PathBuf,
 }
@@ -84,15 +90,27 @@ impl Server {
     }
 
     pub fn start(target: Target, bins: &Binaries, scratch: &Path) -> Result<Server> {
+        Server::start_over(target, Wire::Tcp, None, bins, scratch)
+    }
+
+    /// Starts `target` with its listener of kind `wire` at [`Server::addr`]; TLS uses `certs`.
+    pub fn start_over(
+        target: Target,
+        wire: Wire,
+        certs: Option<&Certs>,
+        bins: &Binaries,
+        scratch: &Path,
+    ) -> Result<Server> {
         let dir = unique_dir(scratch, target.name())?;
+        let dial = Dial::new(wire, certs)?;
         let (child, addr) = match target {
-            Target::Mqkv | Target::MqkvDisk => start_mqkv(target, bins, &dir)?,
+            Target::Mqkv | Target::MqkvDisk => start_mqkv(target, wire, certs, bins, &dir)?,
             Target::Mosquitto => {
                 let bin = bins
                     .mosquitto
                     .as_ref()
                     .context("mosquitto is not installed")?;
-                start_mosquitto(bin, &dir)?
+                start_mosquitto(bin, wire, certs, &dir)?
             }
             Target::Redis | Target::RedisAof => {
                 let bin = bins
@@ -105,6 +123,7 @@ impl Server {
         let mut server = Server {
             target,
             addr,
+            dial,
             child,
             dir,
         };
@@ -200,10 +219,29 @@ fn log_file(dir: &Path) -> Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join("server.log"))?)
 }
 
-fn start_mqkv(target: Target, bins: &Binaries, dir: &Path) -> Result<(Child, SocketAddr)> {
+fn start_mqkv(
+    target: Target,
+    wire: Wire,
+    certs: Option<&Certs>,
+    bins: &Binaries,
+    dir: &Path,
+) -> Result<(Child, SocketAddr)> {
     let bin = &bins.mqkv;
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    match wire {
+        Wire::Tcp => {}
+        Wire::Ws => {
+            cmd.args(["--listen-ws", "127.0.0.1:0", "--ws-path", WS_PATH]);
+        }
+        Wire::Tls => {
+            let certs = certs.context("TLS without certificates")?;
+            cmd.args(["--listen-tls", "127.0.0.1:0", "--tls-cert"])
+                .arg(&certs.cert)
+                .arg("--tls-key")
+                .arg(&certs.key);
+        }
+    }
     if target == Target::MqkvDisk {
         cmd.args(["--storage", "disk", "--data-dir"])
             .arg(dir.join("data"));
@@ -221,12 +259,29 @@ fn start_mqkv(target: Target, bins: &Binaries, dir: &Path) -> Result<(Child, Soc
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let stdout = child.stdout.take().context("no stdout")?;
+    let mut stdout = BufReader::new(stdout);
+    // One line per listener: the plain TCP one first, then the one of `wire` as a URL.
+    let scheme = match wire {
+        Wire::Tcp => "",
+        Wire::Tls => "tls://",
+        Wire::Ws => "ws://",
+    };
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .and_then(|a| a.parse().ok());
+    let addr = loop {
+        line.clear();
+        if stdout.read_line(&mut line)? == 0 {
+            break None;
+        }
+        let found = line
+            .trim()
+            .strip_prefix("listening on ")
+            .and_then(|a| a.strip_prefix(scheme))
+            .and_then(|a| a.split('/').next())
+            .and_then(|a| a.parse::<SocketAddr>().ok());
+        if found.is_some() {
+            break found;
+        }
+    };
     match addr {
         Some(addr) => Ok((child, addr)),
         None => {
@@ -246,8 +301,15 @@ fn start_mqkv(target: Target, bins: &Binaries, dir: &Path) -> Result<(Child, Soc
 /// after about 100,000 messages from 64 or more publishers, although at most one message per
 /// publisher is ever outstanding; without the limit it does not.
 pub fn mosquitto_config(port: u16) -> String {
+    mosquitto_config_over(port, "")
+}
+
+/// [`mosquitto_config`] with `listener_options` (TLS files, `protocol websockets`) for the
+/// listener.
+pub fn mosquitto_config_over(port: u16, listener_options: &str) -> String {
     format!(
         "listener {port} 127.0.0.1\n\
+         {listener_options}\
          allow_anonymous true\n\
          persistence false\n\
          log_dest none\n\
@@ -256,10 +318,29 @@ pub fn mosquitto_config(port: u16) -> String {
     )
 }
 
-fn start_mosquitto(bin: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
+fn start_mosquitto(
+    bin: &Path,
+    wire: Wire,
+    certs: Option<&Certs>,
+    dir: &Path,
+) -> Result<(Child, SocketAddr)> {
     let port = free_port()?;
     let conf = dir.join("mosquitto.conf");
-    std::fs::write(&conf, mosquitto_config(port))?;
+    let options = match wire {
+        Wire::Tcp => String::new(),
+        // Mosquitto 2.0.11 refuses to start with only WebSocket listeners ("Unable to start
+        // any listening sockets"): a plain one on another port comes along, unused.
+        Wire::Ws => format!("protocol websockets\nlistener {} 127.0.0.1\n", free_port()?),
+        Wire::Tls => {
+            let certs = certs.context("TLS without certificates")?;
+            format!(
+                "certfile {}\nkeyfile {}\n",
+                certs.cert.display(),
+                certs.key.display()
+            )
+        }
+    };
+    std::fs::write(&conf, mosquitto_config_over(port, &options))?;
     let child = Command::new(bin)
         .arg("-c")
         .arg(&conf)

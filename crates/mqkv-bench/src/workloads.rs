@@ -668,29 +668,35 @@ pub async fn pubsub(
     } else {
         "pubsub-fanout"
     };
-    let mut r = RunResult::new(workload, server.target, clients);
+    let workload = format!("{workload}{}", server.dial.wire().suffix());
+    let mut r = RunResult::new(&workload, server.target, clients);
     r.qos = Some(qos as u8);
     r.value_size = Some(s.pubsub_payload.max(HEADER));
     r.unit = "msgs/s".to_owned();
     let (publishers, subscribers) = if fanin { (clients, 1) } else { (1, clients) };
     let addr = server.addr;
+    let dial = &server.dial;
     let slots: Arc<Vec<Slot>> = Arc::new((0..publishers).map(|_| Slot::new()).collect());
     let delivered = Arc::new(AtomicU64::new(0));
     let epoch = Instant::now();
     let size = s.pubsub_payload;
     let mut readers = JoinSet::new();
     let setup = async {
-        let subs = connect_all(subscribers, move |i| async move {
-            let mut c = Conn::connect(addr, &format!("bench-sub-{i}")).await?;
-            c.subscribe("bench/ps/+", qos).await?;
-            Ok(c)
+        let subs = connect_all(subscribers, move |i| {
+            let dial = dial.clone();
+            async move {
+                let mut c = Conn::dial(&dial, addr, &format!("bench-sub-{i}")).await?;
+                c.subscribe("bench/ps/+", qos).await?;
+                Ok(c)
+            }
         })
         .await?;
         for c in subs {
             readers.spawn(subscriber_loop(c, slots.clone(), delivered.clone()));
         }
-        let pubs = connect_all(publishers, move |i| async move {
-            Conn::connect(addr, &format!("bench-pub-{i}")).await
+        let pubs = connect_all(publishers, move |i| {
+            let dial = dial.clone();
+            async move { Conn::dial(&dial, addr, &format!("bench-pub-{i}")).await }
         })
         .await?;
         let workers: Vec<Publisher> = pubs
@@ -803,7 +809,11 @@ async fn rate_inner(server: &Server, s: &Settings, r: &mut RunResult) -> Result<
         result
     });
     let publisher = Conn::connect(addr, "bench-rate-pub").await?;
-    let (mut rd, mut wr) = publisher.stream.into_split();
+    let (mut rd, mut wr) = publisher
+        .stream
+        .into_tcp()
+        .context("the fixed-rate run is over plain TCP")?
+        .into_split();
     let acks = Arc::new(AtomicU64::new(0));
     let ack_count = acks.clone();
     let ack_reader = tokio::spawn(async move {

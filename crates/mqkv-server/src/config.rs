@@ -385,6 +385,8 @@ mod tests {
         let c: ServerConfig = toml::from_str(block).expect("the README example parses");
         assert_eq!(c.storage, StorageKind::Disk);
         assert_eq!(c.broker.users.len(), 1);
+        assert_eq!(c.listeners.len(), 2);
+        assert!(c.tls.cert.is_some());
     }
 
     #[test]

@@ -51,15 +51,17 @@ pub(crate) fn write_ready(session: &Session, conn_id: u64, wr: &Writer, notify: 
         notify.notify_one();
         return;
     }
-    if let Some(half) = &w.half {
+    let mut flushed = true;
+    if let Some(half) = &mut w.half {
         while !w.pending.is_empty() {
             match half.try_write(&w.pending) {
-                Some(Ok(n)) if n > 0 => w.pending.advance(n),
+                Ok(n) if n > 0 => w.pending.advance(n),
                 _ => break,
             }
         }
+        flushed = half.try_flush();
     }
-    if !w.pending.is_empty() || session.has_ready(conn_id) {
+    if !w.pending.is_empty() || !flushed || session.has_ready(conn_id) {
         notify.notify_one();
     }
 }
@@ -108,7 +110,8 @@ pub(super) async fn flush(session: &Session, conn_id: u64, level: u8, w: &mut Wr
             }
         }
         if !session.has_ready(conn_id) {
-            return false;
+            // What TLS or WebSocket still holds from a write made without waiting.
+            return half.flush().await.is_err();
         }
     }
 }

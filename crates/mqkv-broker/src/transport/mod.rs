@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -201,13 +201,50 @@ impl ReadHalf {
 }
 
 impl WriteHalf {
-    /// Writes as much of `buf` as the socket takes without waiting, on plain TCP; `None` on
-    /// transports that cannot (TLS and WebSocket frame and encrypt as they write, and a write
-    /// that stops halfway is finished by the writer task).
-    pub(crate) fn try_write(&self, buf: &[u8]) -> Option<std::io::Result<usize>> {
+    /// Takes as much of `buf` as the transport takes without waiting (`WouldBlock` when it
+    /// takes none). TLS and WebSocket take the bytes into their own buffer, encrypted or
+    /// framed; [`WriteHalf::try_flush`] then tries to send that on.
+    pub(crate) fn try_write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let pending = || Err(std::io::ErrorKind::WouldBlock.into());
         match self {
-            WriteHalf::Tcp(w) => Some(w.try_write(buf)),
-            _ => None,
+            WriteHalf::Tcp(w) => w.try_write(buf),
+            WriteHalf::Io(w) => match std::pin::Pin::new(w).poll_write(&mut cx, buf) {
+                Poll::Ready(r) => r,
+                Poll::Pending => pending(),
+            },
+            WriteHalf::Ws(w) => match w.poll_ready_unpin(&mut cx) {
+                Poll::Ready(Ok(())) => {
+                    let message = Message::Binary(Bytes::copy_from_slice(buf));
+                    w.start_send_unpin(message).map_err(ws::io_error)?;
+                    Ok(buf.len())
+                }
+                Poll::Ready(Err(e)) => Err(ws::io_error(e)),
+                Poll::Pending => pending(),
+            },
+        }
+    }
+
+    /// Sends on what TLS or WebSocket holds in its buffer, without waiting; whether nothing is
+    /// left. What is left goes out with the next [`WriteHalf::flush`].
+    pub(crate) fn try_flush(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self {
+            WriteHalf::Tcp(_) => true,
+            WriteHalf::Io(w) => matches!(
+                std::pin::Pin::new(w).poll_flush(&mut cx),
+                Poll::Ready(Ok(()))
+            ),
+            WriteHalf::Ws(w) => matches!(w.poll_flush_unpin(&mut cx), Poll::Ready(Ok(()))),
+        }
+    }
+
+    /// Sends what TLS or WebSocket holds in its buffer, waiting for the socket as needed.
+    pub(crate) async fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            WriteHalf::Tcp(_) => Ok(()),
+            WriteHalf::Io(w) => w.flush().await,
+            WriteHalf::Ws(w) => w.flush().await.map_err(ws::io_error),
         }
     }
 
