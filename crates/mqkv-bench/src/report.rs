@@ -410,6 +410,31 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             ));
         }
     }
+    // Over TLS and over WebSocket, against Mosquitto on the same transport: rows only for what
+    // was measured (the `tls` and `ws` workloads are not in every run).
+    for wl in [
+        "pubsub-fanin-tls",
+        "pubsub-fanout-tls",
+        "pubsub-fanin-ws",
+        "pubsub-fanout-ws",
+    ] {
+        let mut measured: Vec<&RunResult> =
+            matching(results, wl, Target::Mqkv, |r| r.qos == Some(1)).collect();
+        measured.sort_by_key(|r| r.clients);
+        measured.dedup_by_key(|r| r.clients);
+        for m in measured {
+            let a = find(results, wl, Target::Mosquitto, |r| {
+                r.qos == Some(1) && r.clients == m.clients
+            });
+            checks.push(throughput(
+                &format!("{wl} QoS 1 throughput"),
+                ">= 1.3 x Mosquitto",
+                Some(m),
+                a,
+                &|m, a| m >= 1.3 * a,
+            ));
+        }
+    }
     let m = find(results, "pubsub-rate", Target::Mqkv, |_| true);
     let a = find(results, "pubsub-rate", Target::Mosquitto, |_| true);
     checks.push(compared(
@@ -730,6 +755,35 @@ mod tests {
         assert_eq!(
             rows_of(&checks, "pubsub-fanin"),
             vec![("pubsub-fanin QoS 1 throughput (64 clients)", None)]
+        );
+    }
+
+    #[test]
+    fn transports_are_judged_against_mosquitto_on_the_same_transport_when_measured() {
+        let results = vec![
+            pubsub("pubsub-fanin-tls", Target::Mqkv, 64, 140.0),
+            pubsub("pubsub-fanin-tls", Target::Mosquitto, 64, 100.0),
+            pubsub("pubsub-fanout-tls", Target::Mqkv, 64, 120.0),
+            pubsub("pubsub-fanout-tls", Target::Mosquitto, 64, 100.0),
+            pubsub("pubsub-fanin", Target::Mqkv, 64, 90.0),
+            pubsub("pubsub-fanin", Target::Mosquitto, 64, 80.0),
+        ];
+        let checks = target_checks(&results);
+        assert_eq!(
+            rows_of(&checks, "pubsub-fanin-tls"),
+            vec![("pubsub-fanin-tls QoS 1 throughput (64 clients)", Some(true))]
+        );
+        assert_eq!(
+            rows_of(&checks, "pubsub-fanout-tls"),
+            vec![(
+                "pubsub-fanout-tls QoS 1 throughput (64 clients)",
+                Some(false)
+            )]
+        );
+        assert!(rows_of(&checks, "pubsub-fanin-ws").is_empty());
+        assert_eq!(
+            row(&checks, "pubsub-fanin-tls").requirement,
+            ">= 1.3 x Mosquitto"
         );
     }
 

@@ -138,9 +138,14 @@ impl Dial {
                 request
                     .headers_mut()
                     .insert("Sec-WebSocket-Protocol", "mqtt".parse()?);
-                let (ws, _) = tokio_tungstenite::client_async(request, tcp)
-                    .await
-                    .context("WebSocket upgrade")?;
+                // The library zeroes its read buffer's room before each read; its default of
+                // 128 KiB would make the client, not the server, the bottleneck.
+                let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                    .read_buffer_size(8 * 1024);
+                let (ws, _) =
+                    tokio_tungstenite::client_async_with_config(request, tcp, Some(config))
+                        .await
+                        .context("WebSocket upgrade")?;
                 Link::Ws(Box::new(ws))
             }
         })

@@ -113,6 +113,10 @@ fn smoke_run_reports_every_workload() {
         ("notify", true),
         ("pubsub-fanin", true),
         ("pubsub-fanout", true),
+        ("pubsub-fanin-tls", true),
+        ("pubsub-fanout-tls", true),
+        ("pubsub-fanin-ws", true),
+        ("pubsub-fanout-ws", true),
         ("pubsub-rate", true),
         ("conn-storm", true),
         ("mem-idle-conns", false),
@@ -162,7 +166,16 @@ fn smoke_run_reports_every_workload() {
         }
     }
     if has_mosquitto {
-        for wl in ["pubsub-fanin", "pubsub-fanout", "pubsub-rate", "conn-storm"] {
+        for wl in [
+            "pubsub-fanin",
+            "pubsub-fanout",
+            "pubsub-fanin-tls",
+            "pubsub-fanout-tls",
+            "pubsub-fanin-ws",
+            "pubsub-fanout-ws",
+            "pubsub-rate",
+            "conn-storm",
+        ] {
             check_present(&doc, wl, "mosquitto", true);
         }
         check_present(&doc, "mem-idle-conns", "mosquitto", false);
@@ -175,21 +188,28 @@ fn smoke_run_reports_every_workload() {
         }
     }
     // Six targets (durable SET twice: back to back and interleaved), plus pub/sub QoS 1
-    // throughput per concurrency measured (smoke: 1 and 4).
+    // throughput per concurrency measured (smoke: 1 and 4), over TCP, TLS and WebSocket.
     let targets: Vec<&str> = doc["targets"]
         .as_array()
         .expect("targets")
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(targets.len(), 10, "{targets:?}");
+    assert_eq!(targets.len(), 18, "{targets:?}");
     if has_redis {
         assert!(
             targets.contains(&"durable SET throughput, interleaved (4 clients)"),
             "{targets:?}"
         );
     }
-    for wl in ["pubsub-fanin", "pubsub-fanout"] {
+    for wl in [
+        "pubsub-fanin",
+        "pubsub-fanout",
+        "pubsub-fanin-tls",
+        "pubsub-fanout-tls",
+        "pubsub-fanin-ws",
+        "pubsub-fanout-ws",
+    ] {
         for clients in [1, 4] {
             let name = format!("{wl} QoS 1 throughput ({clients} clients)");
             assert!(targets.contains(&name.as_str()), "{name} in {targets:?}");

@@ -19,6 +19,8 @@ use super::Io;
 const MAX_HEAD: usize = 8 * 1024;
 /// Most header lines taken.
 const MAX_HEADERS: usize = 32;
+/// Most bytes the WebSocket library reads at once.
+const READ_BUFFER: usize = 8 * 1024;
 /// The subprotocols MQTT clients ask for, in order of preference.
 const SUBPROTOCOLS: [&str; 2] = ["mqtt", "mqttv3.1"];
 
@@ -150,7 +152,10 @@ pub(crate) async fn upgrade(
     response.push_str("\r\n");
     io.write_all(response.as_bytes()).await?;
     io.flush().await?;
+    // The library zeroes its read buffer's room before each read: room for 8 KiB instead of
+    // its default 128 KiB keeps that, and what an idle connection holds, small.
     let config = WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
         .max_message_size(Some(max_message))
         .max_frame_size(Some(max_message));
     // Frames the client sent right behind its request are the stream's first bytes.
