@@ -151,6 +151,12 @@ impl Broker {
         self.inner.threads.lend_last()
     }
 
+    /// How many times a new connection for a client id waited in vain for the connection it
+    /// took over to finish what it had received (a second each).
+    pub fn handovers_unanswered(&self) -> u64 {
+        self.inner.handovers_unanswered.load(Ordering::Relaxed)
+    }
+
     /// Number of connected clients.
     pub fn connection_count(&self) -> usize {
         self.inner.live_connections.load(Ordering::Relaxed)

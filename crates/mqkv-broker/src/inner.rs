@@ -85,6 +85,8 @@ pub(crate) struct Inner {
     /// Bumped on every change worth saving (see `Broker::changes`).
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
+    /// Takeovers whose old connection did not answer within [`HANDOVER_WAIT`].
+    pub(crate) handovers_unanswered: AtomicU64,
     pub(crate) threads: ConnThreads,
     /// The other nodes of a cluster, once installed.
     pub(crate) federation: std::sync::OnceLock<Arc<dyn crate::federation::Federation>>,
@@ -119,6 +121,7 @@ impl Inner {
             changes: AtomicU64::new(0),
             federation: std::sync::OnceLock::new(),
             connection_closed: tokio::sync::Notify::new(),
+            handovers_unanswered: AtomicU64::new(0),
             threads,
         }
     }
@@ -430,7 +433,10 @@ impl Inner {
         let handover =
             session.and_then(|s| s.state.lock().link.as_ref().map(|l| l.handover.clone()));
         if let Some(handover) = handover {
-            handover.ask_and_wait(HANDOVER_WAIT).await;
+            if !handover.ask_and_wait(HANDOVER_WAIT).await {
+                self.handovers_unanswered.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(client_id = %client_id, "the connection taken over did not answer in time");
+            }
         }
     }
 

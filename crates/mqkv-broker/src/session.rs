@@ -149,8 +149,8 @@ impl Handover {
     }
 
     /// Asks the connection to finish what it received, and waits until it says it has, or
-    /// `limit` passes.
-    pub(crate) async fn ask_and_wait(&self, limit: std::time::Duration) {
+    /// `limit` passes; whether it said so.
+    pub(crate) async fn ask_and_wait(&self, limit: std::time::Duration) -> bool {
         let finished = self.finished_notify.notified();
         tokio::pin!(finished);
         finished.as_mut().enable();
@@ -158,9 +158,9 @@ impl Handover {
             .store(true, std::sync::atomic::Ordering::SeqCst);
         self.asked.notify_one();
         if self.finished.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
+            return true;
         }
-        let _ = tokio::time::timeout(limit, finished).await;
+        tokio::time::timeout(limit, finished).await.is_ok()
     }
 
     /// Says that what the connection received before it was asked has been handled.

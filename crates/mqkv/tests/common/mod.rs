@@ -94,3 +94,23 @@ impl Drop for ServerProcess {
 }
 
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A fresh directory path under the system's temporary directory for test `name` (removed if
+/// it was there; not created).
+pub fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("mqkv-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs `mqkv serve` with `args`, which must refuse to start; returns what it printed on
+/// standard error.
+pub fn serve_refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mqkv"))
+        .arg("serve")
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(!out.status.success(), "mqkv serve {args:?} started");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
