@@ -41,9 +41,36 @@ pub enum UpgradeError {
 
 /// A request head that asks for the upgrade: the key to answer and the subprotocol chosen.
 #[derive(Debug, PartialEq, Eq)]
-struct Upgrade {
-    key: String,
-    protocol: Option<&'static str>,
+pub struct Upgrade {
+    pub key: String,
+    pub protocol: Option<&'static str>,
+}
+
+impl UpgradeError {
+    /// The HTTP status the client is answered with, if it gets an answer.
+    fn status(&self) -> Option<(u16, &'static str)> {
+        match self {
+            UpgradeError::Closed | UpgradeError::Io(_) => None,
+            UpgradeError::TooLarge => Some((431, "request head too large")),
+            UpgradeError::Malformed => Some((400, "malformed HTTP request")),
+            UpgradeError::Refused { status, reason } => Some((*status, reason)),
+        }
+    }
+}
+
+/// What the request head received so far asks for: `Ok(None)` until the whole head has
+/// arrived, then its length and the upgrade, or why it is refused.
+pub fn parse_request(buf: &[u8], path: &str) -> Result<Option<(usize, Upgrade)>, UpgradeError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => Ok(Some((n, check(&req, path)?))),
+        Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => Ok(None),
+        Ok(httparse::Status::Partial) | Err(httparse::Error::TooManyHeaders) => {
+            Err(UpgradeError::TooLarge)
+        }
+        Err(_) => Err(UpgradeError::Malformed),
+    }
 }
 
 fn refused(status: u16, reason: &'static str) -> UpgradeError {
@@ -109,38 +136,20 @@ pub(crate) async fn upgrade(
     max_message: usize,
 ) -> Result<WebSocketStream<Io>, UpgradeError> {
     let mut buf = BytesMut::with_capacity(1024);
-    let (upgrade, head_len) = loop {
+    let (head_len, upgrade) = loop {
+        match parse_request(&buf, path) {
+            Ok(Some(parsed)) => break parsed,
+            Ok(None) => {}
+            Err(e) => {
+                if let Some((status, reason)) = e.status() {
+                    respond_error(&mut io, status, reason).await;
+                }
+                return Err(e);
+            }
+        }
         if io.read_buf(&mut buf).await? == 0 {
             return Err(UpgradeError::Closed);
         }
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        let parsed = req.parse(&buf);
-        match parsed {
-            Ok(httparse::Status::Complete(n)) => break (check(&req, path), n),
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
-            Ok(httparse::Status::Partial) => {
-                let e = UpgradeError::TooLarge;
-                respond_error(&mut io, 431, "request head too large").await;
-                return Err(e);
-            }
-            Err(httparse::Error::TooManyHeaders) => {
-                respond_error(&mut io, 431, "too many header lines").await;
-                return Err(UpgradeError::TooLarge);
-            }
-            Err(_) => {
-                respond_error(&mut io, 400, "malformed HTTP request").await;
-                return Err(UpgradeError::Malformed);
-            }
-        }
-    };
-    let upgrade = match upgrade {
-        Ok(u) => u,
-        Err(UpgradeError::Refused { status, reason }) => {
-            respond_error(&mut io, status, reason).await;
-            return Err(refused(status, reason));
-        }
-        Err(e) => return Err(e),
     };
     let mut response = format!(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
