@@ -83,7 +83,8 @@ impl Conn {
         guard.half = Some(wr);
         drop(guard);
         // Output for the connection is written from this thread from now on.
-        writing::attach(&self.session, self.conn_id, &self.wr, &self.notify);
+        // Only plain TCP connections move, and they are written directly.
+        writing::attach(&self.session, self.conn_id, &self.wr, &self.notify, true);
         self.waker = CachedWaker::default();
         let writer = WriterTask::spawn(
             self.session.clone(),
