@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
 import threading
 import time
 
+import pytest
+
 import mqttraw as r
 from helpers import (
-    V311, PacketTypes, Paho, assert_healthy, prop, props, raw, raw_connected, wait_for,
+    MQKV_BIN, V311, PacketTypes, Paho, assert_healthy, prop, props, raw, raw_connected, wait_for,
 )
 
 CONNECT = PacketTypes.CONNECT
@@ -264,16 +269,24 @@ def test_user_properties_on_connect_accepted(server):
 
 # -- authentication -----------------------------------------------------------------------------
 
-USERS = """
-[broker]
-[[broker.users]]
-username = "alice"
-password = "s3cret"
-"""
+def password_file(tmp_path, users: dict[str, str]):
+    """A password file made with `mqkv passwd`, one call per user."""
+    path = tmp_path / "passwords"
+    for user, password in users.items():
+        res = subprocess.run([MQKV_BIN, "passwd", str(path), user, "--password-stdin"],
+                             input=password.encode() + b"\n", capture_output=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+    return path
 
 
-def test_username_password_from_config(mqkv):
-    s = mqkv(config=USERS)
+@pytest.fixture
+def users(tmp_path):
+    return password_file(tmp_path, {"alice": "s3cret"})
+
+
+def test_username_password_from_a_password_file(mqkv, users):
+    assert users.read_text().startswith("alice:$argon2id$")
+    s = mqkv("--password-file", users)
     good = Paho(s, "alice-1", username="alice", password="s3cret")
     assert good.connack[0] == 0
     bad = Paho(s, "alice-2", username="alice", password="wrong", expect_rc=None)
@@ -287,8 +300,75 @@ def test_username_password_from_config(mqkv):
     c.wait_closed()
 
 
-def test_username_password_v311_return_codes(mqkv):
-    s = mqkv(config=USERS)
+def test_plain_text_passwords_in_the_configuration_are_refused(tmp_path):
+    config = tmp_path / "plain.toml"
+    config.write_text('[broker]\n[[broker.users]]\nusername = "alice"\npassword = "s3cret"\n')
+    res = subprocess.run([MQKV_BIN, "serve", "--listen", "127.0.0.1:0", "--storage", "memory",
+                          "-c", str(config)], capture_output=True, timeout=30)
+    assert res.returncode != 0
+    assert b"mqkv passwd" in res.stderr, res.stderr
+
+
+def test_mosquitto_passwd_files_are_accepted(mqkv, tmp_path):
+    if shutil.which("mosquitto_passwd") is None:
+        pytest.skip("mosquitto_passwd not installed")
+    path = tmp_path / "mosquitto-passwords"
+    res = subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), "bob", "b0b-pass"],
+                         capture_output=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert path.read_text().startswith("bob:$7$")
+    s = mqkv("--password-file", path)
+    Paho(s, "bob-1", username="bob", password="b0b-pass").disconnect()
+    bad = Paho(s, "bob-2", username="bob", password="nope", expect_rc=None)
+    assert bad.connack[0] == 0x86
+
+
+def test_passwd_deletes_and_sighup_reloads_the_password_file(mqkv, tmp_path):
+    path = password_file(tmp_path, {"alice": "s3cret", "bob": "other"})
+    s = mqkv("--password-file", path)
+    kept = Paho(s, "bob-kept", username="bob", password="other")
+    res = subprocess.run([MQKV_BIN, "passwd", "-D", str(path), "bob"], capture_output=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert "bob:" not in path.read_text()
+    # A second password for alice, and bob gone, once the server is told.
+    password_file(tmp_path, {"alice": "n3w"})
+    s.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "password file reloaded" in s.stderr_text(), what="the reload")
+    Paho(s, "alice-new", username="alice", password="n3w").disconnect()
+    old = Paho(s, "alice-old", username="alice", password="s3cret", expect_rc=None)
+    assert old.connack[0] == 0x86
+    gone = Paho(s, "bob-gone", username="bob", password="other", expect_rc=None)
+    assert gone.connack[0] == 0x86
+    # Connected clients stay.
+    assert kept.subscribe("still/here", 0) == [0]
+    # A broken file: the reload fails, says so, and the users in force stay.
+    path.write_text("alice:not-a-hash\n")
+    s.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "password file reload failed" in s.stderr_text(), what="the failed reload")
+    Paho(s, "alice-still", username="alice", password="n3w").disconnect()
+
+
+def test_repeated_failures_are_answered_more_slowly_and_others_do_not_wait(mqkv, users):
+    s = mqkv("--password-file", users)
+    times = []
+    for i in range(6):
+        c = raw(s)
+        started = time.monotonic()
+        ack = c.connect(f"guess-{i}", username="alice", password=b"guess")
+        times.append(time.monotonic() - started)
+        assert ack.reason == 0x86
+        c.wait_closed()
+    # Delays grow after the third failure (100 ms, then 200 ms): not a timing bound, the
+    # server's own log says how long it held each refusal.
+    text = s.stderr_text()
+    assert "delay_ms=100" in text and "delay_ms=200" in text, text[-2000:]
+    # Meanwhile a client with the right password connects at once.
+    Paho(s, "alice-ok", username="alice", password="s3cret").disconnect()
+
+
+def test_username_password_v311_return_codes(mqkv, users):
+    s = mqkv("--password-file", users)
     ok = raw(s, r.V311).connect("a311", username="alice", password=b"s3cret")
     assert ok.reason == 0
     c = raw(s, r.V311)

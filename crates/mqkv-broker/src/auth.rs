@@ -1,18 +1,23 @@
 //! Authentication hook.
 //!
 //! The broker hands user name, password, authentication method and the client certificate TLS
-//! verified to an [`Authenticator`]; the default one accepts configured users, clients with a
-//! verified certificate (as the certificate's common name, or its subject), and anonymous
-//! clients only on loopback listeners unless configured otherwise. Enhanced authentication (AUTH exchanges) is not offered, so any
-//! Authentication Method is refused with 0x8C.
+//! verified to an [`Authenticator`]; the default one accepts the users of a password file
+//! ([`crate::passwords`]), clients with a verified certificate (as the certificate's common
+//! name, or its subject), and anonymous clients only on loopback listeners unless configured
+//! otherwise. Enhanced authentication (AUTH exchanges) is not offered, so any Authentication
+//! Method is refused with 0x8C. Password checks run off the connection threads, and an address
+//! that keeps failing is answered ever more slowly ([`Throttle`]).
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 
 use crate::codec::reason;
-use crate::config::UserConfig;
+use crate::passwords::Passwords;
 
 /// What a client presented in CONNECT.
 #[derive(Debug)]
@@ -31,13 +36,40 @@ pub struct AuthRequest<'a> {
 /// anonymous); `Err` carries the CONNACK reason code.
 pub trait Authenticator: Send + Sync + 'static {
     fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Option<Arc<str>>, u8>;
+
+    /// Whether [`Authenticator::authenticate`] may take long for `req` (a password hash to
+    /// check): the broker then calls it on a thread for blocking work, so that other clients
+    /// are not held up.
+    fn is_slow(&self, _req: &AuthRequest<'_>) -> bool {
+        false
+    }
 }
 
-/// Static users plus the anonymous rule.
-#[derive(Debug, Clone)]
+/// A password file's users, replaceable while the broker runs.
+#[derive(Debug, Default)]
+pub struct PasswordStore(RwLock<Arc<Passwords>>);
+
+impl PasswordStore {
+    pub fn new(passwords: Passwords) -> PasswordStore {
+        PasswordStore(RwLock::new(Arc::new(passwords)))
+    }
+
+    /// The users in force now.
+    pub fn current(&self) -> Arc<Passwords> {
+        self.0.read().clone()
+    }
+
+    /// Puts `passwords` in force for every later CONNECT.
+    pub fn replace(&self, passwords: Passwords) {
+        *self.0.write() = Arc::new(passwords);
+    }
+}
+
+/// Users from a password file, clients with a verified certificate, and the anonymous rule.
+#[derive(Debug)]
 pub struct DefaultAuthenticator {
     pub allow_anonymous: Option<bool>,
-    pub users: Vec<UserConfig>,
+    pub passwords: Arc<PasswordStore>,
 }
 
 impl Authenticator for DefaultAuthenticator {
@@ -45,14 +77,15 @@ impl Authenticator for DefaultAuthenticator {
         if req.authentication_method.is_some() {
             return Err(reason::BAD_AUTHENTICATION_METHOD);
         }
+        let passwords = self.passwords.current();
         if let Some(name) = req.username {
-            if let Some(u) = self.users.iter().find(|u| u.username == name) {
+            if passwords.contains(name) {
                 return match req.password {
-                    Some(p) if constant_time_eq(p, u.password.as_bytes()) => Ok(Some(name.into())),
+                    Some(p) if passwords.verify(name, p) => Ok(Some(name.into())),
                     _ => Err(reason::BAD_USER_NAME_OR_PASSWORD),
                 };
             }
-            if !self.users.is_empty() {
+            if !passwords.is_empty() {
                 return Err(reason::BAD_USER_NAME_OR_PASSWORD);
             }
         }
@@ -69,15 +102,85 @@ impl Authenticator for DefaultAuthenticator {
             Err(reason::NOT_AUTHORIZED)
         }
     }
+
+    fn is_slow(&self, req: &AuthRequest<'_>) -> bool {
+        req.username
+            .is_some_and(|name| self.passwords.current().contains(name))
+    }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Slows down clients that keep failing to authenticate: after a few failures from one
+/// address, each refusal to it waits longer before it is sent (doubling up to
+/// [`Throttle::MAX_DELAY`]), so guessing passwords costs time. A success clears the address.
+#[derive(Debug, Default)]
+pub struct Throttle {
+    failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,
+    /// Whether any address is remembered: a success then need not take the lock.
+    any: std::sync::atomic::AtomicBool,
+}
+
+impl Throttle {
+    /// Failures from one address before refusals are delayed.
+    const FREE: u32 = 3;
+    const FIRST_DELAY: Duration = Duration::from_millis(100);
+    const MAX_DELAY: Duration = Duration::from_secs(5);
+    /// A failure is forgotten after this long.
+    const MEMORY: Duration = Duration::from_secs(600);
+    /// Addresses remembered at most; the oldest is forgotten first.
+    const MAX_ADDRESSES: usize = 10_000;
+
+    /// Notes a failed attempt from `ip`; returns how long to wait before refusing it.
+    pub fn failed(&self, ip: IpAddr, now: Instant) -> Duration {
+        let mut map = self.failures.lock();
+        self.any.store(true, std::sync::atomic::Ordering::Relaxed);
+        if map.len() >= Self::MAX_ADDRESSES && !map.contains_key(&ip) {
+            map.retain(|_, (_, last)| now.duration_since(*last) < Self::MEMORY);
+            if map.len() >= Self::MAX_ADDRESSES {
+                if let Some(oldest) = map
+                    .iter()
+                    .min_by_key(|(_, (_, last))| *last)
+                    .map(|(k, _)| *k)
+                {
+                    map.remove(&oldest);
+                }
+            }
+        }
+        let entry = map.entry(ip).or_insert((0, now));
+        if now.duration_since(entry.1) >= Self::MEMORY {
+            entry.0 = 0;
+        }
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = now;
+        match entry.0.checked_sub(Self::FREE + 1) {
+            None => Duration::ZERO,
+            Some(doublings) => Self::FIRST_DELAY
+                .saturating_mul(1u32 << doublings.min(16))
+                .min(Self::MAX_DELAY),
+        }
+    }
+
+    /// Clears `ip` after a successful attempt.
+    pub fn succeeded(&self, ip: IpAddr) {
+        if self.any.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut map = self.failures.lock();
+            map.remove(&ip);
+            if map.is_empty() {
+                self.any.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn authenticator(allow_anonymous: Option<bool>, passwords: Passwords) -> DefaultAuthenticator {
+        DefaultAuthenticator {
+            allow_anonymous,
+            passwords: Arc::new(PasswordStore::new(passwords)),
+        }
+    }
 
     fn req<'a>(user: Option<&'a str>, pw: Option<&'a Bytes>, local: &str) -> AuthRequest<'a> {
         AuthRequest {
@@ -93,10 +196,7 @@ mod tests {
 
     #[test]
     fn anonymous_only_on_loopback_by_default() {
-        let a = DefaultAuthenticator {
-            allow_anonymous: None,
-            users: vec![],
-        };
+        let a = authenticator(None, Passwords::default());
         assert_eq!(a.authenticate(&req(None, None, "127.0.0.1:1883")), Ok(None));
         assert_eq!(
             a.authenticate(&req(None, None, "10.0.0.1:1883")),
@@ -106,10 +206,7 @@ mod tests {
 
     #[test]
     fn a_verified_certificate_names_the_client_anywhere() {
-        let a = DefaultAuthenticator {
-            allow_anonymous: None,
-            users: vec![],
-        };
+        let a = authenticator(None, Passwords::default());
         let mut cert = crate::transport::PeerCertificate {
             subject: "CN=device-1, O=Contoso".into(),
             common_name: Some("device-1".into()),
@@ -130,13 +227,11 @@ mod tests {
 
     #[test]
     fn users_checked() {
-        let a = DefaultAuthenticator {
-            allow_anonymous: Some(false),
-            users: vec![UserConfig {
-                username: "u".into(),
-                password: "p".into(),
-            }],
-        };
+        let mut passwords = Passwords::default();
+        passwords.set("u", b"p").expect("set");
+        let a = authenticator(Some(false), passwords);
+        assert!(a.is_slow(&req(Some("u"), None, "10.0.0.1:1")));
+        assert!(!a.is_slow(&req(None, None, "10.0.0.1:1")));
         let good = Bytes::from_static(b"p");
         let bad = Bytes::from_static(b"x");
         assert_eq!(
@@ -147,5 +242,40 @@ mod tests {
             a.authenticate(&req(Some("u"), Some(&bad), "10.0.0.1:1")),
             Err(reason::BAD_USER_NAME_OR_PASSWORD)
         );
+        assert_eq!(
+            a.authenticate(&req(Some("stranger"), Some(&good), "127.0.0.1:1")),
+            Err(reason::BAD_USER_NAME_OR_PASSWORD)
+        );
+        // A new file takes effect for the next attempt.
+        a.passwords.replace(Passwords::default());
+        assert_eq!(
+            a.authenticate(&req(Some("u"), Some(&good), "10.0.0.1:1")),
+            Err(reason::NOT_AUTHORIZED)
+        );
+    }
+
+    #[test]
+    fn repeated_failures_from_one_address_wait_longer_and_longer() {
+        let t = Throttle::default();
+        let ip: IpAddr = "10.0.0.9".parse().expect("ip");
+        let other: IpAddr = "10.0.0.10".parse().expect("ip");
+        let now = Instant::now();
+        let delays: Vec<Duration> = (0..8).map(|_| t.failed(ip, now)).collect();
+        assert_eq!(&delays[..3], &[Duration::ZERO; 3]);
+        assert_eq!(delays[3], Duration::from_millis(100));
+        assert_eq!(delays[4], Duration::from_millis(200));
+        assert!(delays.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(t.failed(other, now), Duration::ZERO, "another address");
+        for _ in 0..20 {
+            t.failed(ip, now);
+        }
+        assert_eq!(t.failed(ip, now), Throttle::MAX_DELAY);
+        t.succeeded(ip);
+        assert_eq!(t.failed(ip, now), Duration::ZERO, "cleared by a success");
+        // Forgotten after a while.
+        for _ in 0..5 {
+            t.failed(other, now);
+        }
+        assert_eq!(t.failed(other, now + Throttle::MEMORY), Duration::ZERO);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::auth::{Authenticator, DefaultAuthenticator};
+use crate::auth::{Authenticator, DefaultAuthenticator, PasswordStore};
 use crate::config::BrokerConfig;
 use crate::inner::Inner;
 use crate::placement::ConnThreads;
@@ -28,9 +28,18 @@ impl Broker {
     /// Tokio runtime: it starts the session-expiry and will-delay timer there. It also starts
     /// the threads that serve connections; that can fail like any thread or runtime start.
     pub fn new(config: BrokerConfig) -> std::io::Result<Broker> {
+        Broker::with_passwords(config, Arc::new(PasswordStore::default()))
+    }
+
+    /// A broker like [`Broker::new`] whose clients may log in as the users of `passwords`
+    /// (which the caller may replace while the broker runs).
+    pub fn with_passwords(
+        config: BrokerConfig,
+        passwords: Arc<PasswordStore>,
+    ) -> std::io::Result<Broker> {
         let auth = DefaultAuthenticator {
             allow_anonymous: config.allow_anonymous,
-            users: config.users.clone(),
+            passwords,
         };
         Broker::with_authenticator(config, Arc::new(auth))
     }

@@ -85,6 +85,8 @@ pub(crate) struct Inner {
     /// Bumped on every change worth saving (see `Broker::changes`).
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
+    /// Slows down addresses that keep failing to authenticate.
+    pub(crate) throttle: crate::auth::Throttle,
     /// Takeovers whose old connection did not answer within [`HANDOVER_WAIT`].
     pub(crate) handovers_unanswered: AtomicU64,
     pub(crate) threads: ConnThreads,
@@ -122,6 +124,7 @@ impl Inner {
             federation: std::sync::OnceLock::new(),
             connection_closed: tokio::sync::Notify::new(),
             handovers_unanswered: AtomicU64::new(0),
+            throttle: crate::auth::Throttle::default(),
             threads,
         }
     }

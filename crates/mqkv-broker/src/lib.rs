@@ -15,6 +15,7 @@ mod connection;
 pub mod federation;
 mod inner;
 mod listener;
+pub mod passwords;
 pub mod persist;
 mod placement;
 pub mod replicated;

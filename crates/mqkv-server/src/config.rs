@@ -215,6 +215,8 @@ pub struct ServerConfig {
     pub listeners: Vec<crate::listeners::ListenerConfig>,
     /// TLS settings for the TLS and WebSocket-over-TLS listeners that give none of their own.
     pub tls: crate::listeners::TlsDefaults,
+    /// The password file (`mqkv passwd FILE USER` makes one): the users clients may log in as.
+    pub password_file: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub broker: BrokerConfig,
@@ -261,6 +263,7 @@ impl Default for ServerConfig {
             listen: vec![SocketAddr::from(([127, 0, 0, 1], 1883))],
             listeners: Vec::new(),
             tls: crate::listeners::TlsDefaults::default(),
+            password_file: None,
             data_dir: PathBuf::from("./mqkv-data"),
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),
@@ -323,9 +326,6 @@ mod tests {
             max_queued_messages = 5
             queue_full = "drop-oldest"
             co_locate = false
-            [[broker.users]]
-            username = "u"
-            password = "p"
             [state_store]
             max_keys = 10
             "#,
@@ -338,7 +338,6 @@ mod tests {
             mqkv_broker::QueueFullPolicy::DropOldest
         );
         assert_eq!(c.state_store.max_keys, Some(10));
-        assert_eq!(c.broker.users.len(), 1);
         assert!(!c.broker.co_locate);
         assert!(
             ServerConfig::default().broker.co_locate,
@@ -384,7 +383,7 @@ mod tests {
             .expect("a toml block in the README");
         let c: ServerConfig = toml::from_str(block).expect("the README example parses");
         assert_eq!(c.storage, StorageKind::Disk);
-        assert_eq!(c.broker.users.len(), 1);
+        assert!(c.password_file.is_some());
         assert_eq!(c.listeners.len(), 2);
         assert!(c.tls.cert.is_some());
     }

@@ -27,8 +27,10 @@ pub struct Server {
     pub listeners: Vec<SocketAddr>,
     /// Every bound listener: plain TCP first, then the `[[listeners]]` tables in order.
     pub endpoints: Vec<Endpoint>,
-    /// The TLS settings of the TLS listeners, reloaded by [`Server::reload_tls`].
+    /// The TLS settings of the TLS listeners, reloaded by [`Server::reload`].
     tls: Vec<Arc<mqkv_broker::Tls>>,
+    /// The password file and the users read from it, reloaded by [`Server::reload`].
+    passwords: Option<(std::path::PathBuf, Arc<mqkv_broker::auth::PasswordStore>)>,
     saver: Option<persistence::Saver>,
     node: StoreNode,
 }
@@ -49,6 +51,10 @@ pub enum StartError {
     Cluster(String),
     #[error(transparent)]
     Listener(#[from] listeners::ListenerError),
+    #[error(transparent)]
+    Passwords(#[from] mqkv_broker::passwords::PasswordFileError),
+    #[error("plain-text passwords in the configuration ([[broker.users]]) are not accepted: make a password file with `mqkv passwd FILE USER` and give it as password_file (or --password-file)")]
+    PlainPasswords,
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -67,7 +73,21 @@ impl Server {
             Some(c) => Some(c.options().map_err(StartError::Cluster)?),
             None => None,
         };
-        let broker = Broker::new(broker_config).map_err(StartError::Threads)?;
+        if !config.broker.users.is_empty() {
+            return Err(StartError::PlainPasswords);
+        }
+        let passwords = match &config.password_file {
+            Some(path) => {
+                let users = mqkv_broker::passwords::Passwords::load(path)?;
+                let store = Arc::new(mqkv_broker::auth::PasswordStore::new(users));
+                Some((path.clone(), store))
+            }
+            None => None,
+        };
+        let store = passwords
+            .as_ref()
+            .map_or_else(Default::default, |(_, store)| store.clone());
+        let broker = Broker::with_passwords(broker_config, store).map_err(StartError::Threads)?;
         let saver = match config.storage {
             StorageKind::Memory => None,
             StorageKind::Disk => {
@@ -197,16 +217,29 @@ impl Server {
             listeners,
             endpoints,
             tls,
+            passwords,
             saver,
             node,
         })
     }
 
-    /// Reads the TLS listeners' certificates, keys and CA bundles again: new connections use
-    /// them, connected clients stay. A listener whose files fail keeps what it had, and the
-    /// failure is logged. Returns how many failed.
-    pub fn reload_tls(&self) -> usize {
+    /// Reads the TLS listeners' certificates, keys and CA bundles, and the password file, again:
+    /// new connections use them, connected clients stay. Files that fail to load are reported
+    /// in the log and what was in force stays. Returns how many failed.
+    pub fn reload(&self) -> usize {
         let mut failed = 0;
+        if let Some((path, store)) = &self.passwords {
+            match mqkv_broker::passwords::Passwords::load(path) {
+                Ok(users) => {
+                    store.replace(users);
+                    tracing::info!(file = %path.display(), "password file reloaded");
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(error = %e, "password file reload failed; the previous users stay");
+                }
+            }
+        }
         for tls in &self.tls {
             let cert = tls.files().cert.display();
             match tls.reload() {

@@ -3,6 +3,7 @@
 
 mod alloc;
 mod cli;
+mod passwd;
 
 /// mimalloc: fewer cycles per allocation than glibc's malloc on the request path, and
 /// memory freed after a snapshot goes back to the system instead of staying resident.
@@ -35,6 +36,8 @@ struct Cli {
 enum Command {
     /// Run the broker and state store.
     Serve(ServeArgs),
+    /// Add a user to a password file, change its password, or delete it (-D).
+    Passwd(passwd::PasswdArgs),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -72,6 +75,9 @@ struct ServeArgs {
     /// Refuse TLS clients without a certificate the client CA bundle vouches for.
     #[arg(long)]
     tls_require_client_cert: bool,
+    /// The password file clients log in against (`mqkv passwd FILE USER` makes one).
+    #[arg(long, value_name = "FILE")]
+    password_file: Option<PathBuf>,
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -273,6 +279,9 @@ impl ServeArgs {
         if self.tls_require_client_cert {
             c.tls.require_client_cert = true;
         }
+        if let Some(v) = self.password_file {
+            c.password_file = Some(v);
+        }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
         }
@@ -442,6 +451,7 @@ fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     let result = match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Passwd(args) => passwd::run(args),
         Command::Client(command) => std::process::exit(cli::run(command)),
     };
     if let Err(e) = result {
@@ -480,7 +490,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         for endpoint in &server.endpoints {
             tracing::info!(%endpoint, "listening");
         }
-        signals.wait(|| server.reload_tls()).await;
+        signals.wait(|| server.reload()).await;
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
@@ -523,7 +533,7 @@ impl Signals {
                 _ = self.term.recv() => break,
                 _ = self.int.recv() => break,
                 _ = self.hup.recv() => {
-                    tracing::info!("SIGHUP: reloading TLS files");
+                    tracing::info!("SIGHUP: reloading the TLS files and the password file");
                     reload();
                 }
             }

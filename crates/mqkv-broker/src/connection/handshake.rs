@@ -169,8 +169,8 @@ pub(crate) async fn run(
         }
     };
 
-    // Authentication.
-    let principal = match inner.auth.authenticate(&AuthRequest {
+    // Authentication: a password check off the connection threads, as it is slow on purpose.
+    let request = AuthRequest {
         client_id: &client_id,
         username: connect.username.as_deref(),
         password: connect.password.as_ref(),
@@ -178,10 +178,46 @@ pub(crate) async fn run(
         authentication_method: connect.properties.authentication_method(),
         peer,
         local,
-    }) {
-        Ok(p) => p,
+    };
+    let authenticated = if inner.auth.is_slow(&request) {
+        let auth = inner.auth.clone();
+        let (client_id, username, password) = (
+            client_id.to_string(),
+            connect.username.clone(),
+            connect.password.clone(),
+        );
+        let method = request.authentication_method.map(str::to_owned);
+        let certificate = certificate.clone();
+        tokio::task::spawn_blocking(move || {
+            auth.authenticate(&AuthRequest {
+                client_id: &client_id,
+                username: username.as_deref(),
+                password: password.as_ref(),
+                certificate: certificate.as_ref(),
+                authentication_method: method.as_deref(),
+                peer,
+                local,
+            })
+        })
+        .await
+        .unwrap_or(Err(reason::UNSPECIFIED_ERROR))
+    } else {
+        inner.auth.authenticate(&request)
+    };
+    let principal = match authenticated {
+        Ok(p) => {
+            inner.throttle.succeeded(peer.ip());
+            p
+        }
         Err(code) => {
-            tracing::info!(%peer, client_id = %client_id, code, "connection refused");
+            let wait = match code {
+                reason::BAD_USER_NAME_OR_PASSWORD | reason::NOT_AUTHORIZED => {
+                    inner.throttle.failed(peer.ip(), Instant::now())
+                }
+                _ => Duration::ZERO,
+            };
+            tracing::info!(%peer, client_id = %client_id, code, delay_ms = wait.as_millis() as u64, "connection refused");
+            tokio::time::sleep(wait).await;
             let out = refuse(code).await;
             send_and_close(&mut wr, out).await;
             return;
