@@ -54,6 +54,9 @@ pub struct Server {
     work_dir: PathBuf,
     /// Set for a server started with [`Server::start_tls`]: the files its clients use.
     pub tls: Option<ClientTls>,
+    /// Set for a server started with [`Server::start_with_password`]: the user name and the
+    /// file holding its password, as the SDK takes them.
+    pub credentials: Option<(String, PathBuf)>,
 }
 
 /// What an SDK client needs to reach a mutual TLS listener: the CA that signed the server's
@@ -135,6 +138,7 @@ impl Server {
                 log_path,
                 work_dir,
                 tls: None,
+                credentials: None,
             };
         };
         assert!(
@@ -172,6 +176,7 @@ impl Server {
             log_path,
             work_dir,
             tls: None,
+            credentials: None,
         }
     }
 
@@ -205,6 +210,52 @@ impl Server {
                 cert: work_dir.join("client.pem"),
                 key: work_dir.join("client.key"),
             }),
+            credentials: None,
+            work_dir,
+        }
+    }
+
+    /// Starts a single server that accepts only user `app` with the password it writes to a
+    /// file for the SDK (`password_file`); the server's password file is made with
+    /// `mqkv passwd`.
+    pub fn start_with_password(name: &str) -> Server {
+        let bin = std::fs::canonicalize(mqkv_bin())
+            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
+        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let log_dir = tmp.join("mqkv-interop-logs");
+        std::fs::create_dir_all(&log_dir).expect("create log dir");
+        let log_path = log_dir.join(format!("{name}.log"));
+        let work_dir = tmp
+            .join("mqkv-interop-run")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&work_dir);
+        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+        let password = "interop-s3cret";
+        let mut passwd = Command::new(&bin)
+            .args(["passwd", "passwords", "app", "--password-stdin"])
+            .current_dir(&work_dir)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("run mqkv passwd");
+        {
+            use std::io::Write;
+            let mut stdin = passwd.stdin.take().expect("stdin");
+            writeln!(stdin, "{password}").expect("write the password");
+        }
+        assert!(passwd.wait().expect("mqkv passwd").success());
+        std::fs::write(work_dir.join("app.password"), password).expect("write the SDK's file");
+        // The listener is loopback, where anonymous clients are welcome unless told otherwise.
+        let args = [
+            "serve", "--listen", "127.0.0.1:0", "--password-file", "passwords",
+            "--allow-anonymous", "false",
+        ];
+        let (child, port) = spawn(&bin, &args, &work_dir, &log_path, "");
+        Server {
+            children: vec![child],
+            port,
+            log_path,
+            tls: None,
+            credentials: Some(("app".to_owned(), work_dir.join("app.password"))),
             work_dir,
         }
     }
@@ -397,6 +448,11 @@ impl AioClient {
             .keep_alive(Duration::from_secs(30))
             .clean_start(true)
             .use_tls(server.tls.is_some());
+        if let Some((user, file)) = &server.credentials {
+            settings = settings
+                .username(Some(user.clone()))
+                .password_file(Some(file.display().to_string()));
+        }
         if let Some(tls) = &server.tls {
             let path = |p: &PathBuf| Some(p.display().to_string());
             settings = settings

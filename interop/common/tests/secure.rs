@@ -1,5 +1,5 @@
-//! The official AIO Rust SDK over mutual TLS: the state store's operations, and key
-//! notifications, on a TLS listener that requires a client certificate.
+//! The official AIO Rust SDK on secured servers: the state store's operations and key
+//! notifications over mutual TLS, and with a user name and password from a password file.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -46,5 +46,20 @@ async fn state_store_over_mutual_tls() {
     assert_eq!(del.response, 1);
     assert_eq!(ss.get(key, TIMEOUT).await.expect("GET").response, None);
     watcher.close().await;
+    c.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_store_with_a_user_name_and_password() {
+    let server = Server::start_with_password("state_store_with_a_user_name_and_password");
+    let c = AioClient::connect(&server, &client_id("passwd", "a")).await;
+    let ss = &c.state_store;
+    let set = ss
+        .set(b"passwd/key".to_vec(), b"v".to_vec(), TIMEOUT, None, SetOptions::default())
+        .await
+        .expect("SET as user app");
+    assert!(set.response);
+    let got = ss.get(b"passwd/key".to_vec(), TIMEOUT).await.expect("GET");
+    assert_eq!(got.response, Some(b"v".to_vec()));
     c.close().await;
 }
