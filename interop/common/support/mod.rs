@@ -68,16 +68,16 @@ pub struct ClientTls {
     pub key: PathBuf,
 }
 
-/// Runs `openssl` with `args` in `dir`, failing the test if it fails.
-fn openssl(dir: &PathBuf, args: &[&str]) {
+/// Runs `openssl` with the whitespace-separated `args` in `dir`, failing the test if it fails.
+fn openssl(dir: &PathBuf, args: &str) {
     let out = Command::new("openssl")
-        .args(args)
+        .args(args.split_whitespace())
         .current_dir(dir)
         .output()
         .expect("run openssl");
     assert!(
         out.status.success(),
-        "openssl {args:?} failed: {}",
+        "openssl {args} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -85,20 +85,30 @@ fn openssl(dir: &PathBuf, args: &[&str]) {
 /// A test CA, a server certificate for 127.0.0.1 and localhost, and a client certificate,
 /// made in `dir` with the openssl command.
 fn make_certs(dir: &PathBuf) {
-    openssl(dir, &["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
-        "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=interop CA"]);
-    std::fs::write(dir.join("server.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        .expect("write extensions");
-    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")
-        .expect("write extensions");
+    const EC: &str = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
+    openssl(
+        dir,
+        &format!("req -x509 {EC} -keyout ca.key -out ca.pem -days 2 -subj /CN=interop-CA"),
+    );
+    let extensions = [
+        ("server.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n"),
+        ("client.ext", "extendedKeyUsage=clientAuth\n"),
+    ];
+    for (file, text) in extensions {
+        std::fs::write(dir.join(file), text).expect("write extensions");
+    }
     for (name, cn) in [("server", "localhost"), ("client", "interop-device")] {
-        let subj = format!("/CN={cn}");
-        let (key, csr, pem, ext) =
-            (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"), format!("{name}.ext"));
-        openssl(dir, &["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", &key, "-out", &csr, "-subj", &subj]);
-        openssl(dir, &["x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", &pem, "-days", "2", "-extfile", &ext]);
+        openssl(
+            dir,
+            &format!("req {EC} -keyout {name}.key -out {name}.csr -subj /CN={cn}"),
+        );
+        openssl(
+            dir,
+            &format!(
+                "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+                 -out {name}.pem -days 2 -extfile {name}.ext"
+            ),
+        );
     }
 }
 
@@ -129,9 +139,17 @@ impl Server {
             .join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&work_dir);
         std::fs::create_dir_all(&work_dir).expect("create server work dir");
-        let role = std::env::var("MQKV_INTEROP_CLUSTER").ok().filter(|r| !r.is_empty());
+        let role = std::env::var("MQKV_INTEROP_CLUSTER")
+            .ok()
+            .filter(|r| !r.is_empty());
         let Some(role) = role else {
-            let (child, port) = spawn(&bin, &["serve", "--listen", "127.0.0.1:0"], &work_dir, &log_path, "");
+            let (child, port) = spawn(
+                &bin,
+                &["serve", "--listen", "127.0.0.1:0"],
+                &work_dir,
+                &log_path,
+                "",
+            );
             return Server {
                 children: vec![child],
                 port,
@@ -158,8 +176,15 @@ impl Server {
             let listen = format!("127.0.0.1:{cluster_port}");
             let data = format!("n{id}");
             let mut args = vec![
-                "serve", "--listen", "127.0.0.1:0", "--node-id", &id, "--cluster-listen", &listen,
-                "--data-dir", &data,
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--node-id",
+                &id,
+                "--cluster-listen",
+                &listen,
+                "--data-dir",
+                &data,
             ];
             args.extend(peers.iter().map(String::as_str));
             let log = log_path.with_extension(format!("node{id}.log"));
@@ -169,7 +194,11 @@ impl Server {
         }
         let leader = wait_for_settled_leader(&bin, ports[0]);
         // Node ids are 1..=3; a follower is the node after the leader.
-        let index = if role == "leader" { leader - 1 } else { leader % 3 };
+        let index = if role == "leader" {
+            leader - 1
+        } else {
+            leader % 3
+        };
         Server {
             children,
             port: ports[index],
@@ -196,8 +225,17 @@ impl Server {
         std::fs::create_dir_all(&work_dir).expect("create server work dir");
         make_certs(&work_dir);
         let args = [
-            "serve", "--listen", "127.0.0.1:0", "--listen-tls", "127.0.0.1:0", "--tls-cert",
-            "server.pem", "--tls-key", "server.key", "--tls-client-ca", "ca.pem",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--listen-tls",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "server.pem",
+            "--tls-key",
+            "server.key",
+            "--tls-client-ca",
+            "ca.pem",
             "--tls-require-client-cert",
         ];
         let (child, port) = spawn(&bin, &args, &work_dir, &log_path, "tls://");
@@ -246,8 +284,13 @@ impl Server {
         std::fs::write(work_dir.join("app.password"), password).expect("write the SDK's file");
         // The listener is loopback, where anonymous clients are welcome unless told otherwise.
         let args = [
-            "serve", "--listen", "127.0.0.1:0", "--password-file", "passwords",
-            "--allow-anonymous", "false",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--password-file",
+            "passwords",
+            "--allow-anonymous",
+            "false",
         ];
         let (child, port) = spawn(&bin, &args, &work_dir, &log_path, "");
         Server {

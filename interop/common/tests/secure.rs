@@ -18,7 +18,13 @@ async fn state_store_over_mutual_tls() {
     let key = b"tls/key".to_vec();
 
     let set = ss
-        .set(key.clone(), b"v1".to_vec(), TIMEOUT, None, SetOptions::default())
+        .set(
+            key.clone(),
+            b"v1".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
         .await
         .expect("SET over TLS");
     assert!(set.response, "SET answered false");
@@ -35,14 +41,23 @@ async fn state_store_over_mutual_tls() {
         .expect("observe over TLS")
         .response;
     let set2 = ss
-        .set(key.clone(), b"v2".to_vec(), TIMEOUT, None, SetOptions::default())
+        .set(
+            key.clone(),
+            b"v2".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
         .await
         .expect("second SET");
     assert_later(&set2.version.expect("version"), &v1, "second SET");
     let n = next_notification(&mut observation, Duration::from_secs(10)).await;
     assert_set_notification(&n, &key, b"v2");
 
-    let del = ss.del(key.clone(), None, TIMEOUT).await.expect("DEL over TLS");
+    let del = ss
+        .del(key.clone(), None, TIMEOUT)
+        .await
+        .expect("DEL over TLS");
     assert_eq!(del.response, 1);
     assert_eq!(ss.get(key, TIMEOUT).await.expect("GET").response, None);
     watcher.close().await;
@@ -55,7 +70,13 @@ async fn state_store_with_a_user_name_and_password() {
     let c = AioClient::connect(&server, &client_id("passwd", "a")).await;
     let ss = &c.state_store;
     let set = ss
-        .set(b"passwd/key".to_vec(), b"v".to_vec(), TIMEOUT, None, SetOptions::default())
+        .set(
+            b"passwd/key".to_vec(),
+            b"v".to_vec(),
+            TIMEOUT,
+            None,
+            SetOptions::default(),
+        )
         .await
         .expect("SET as user app");
     assert!(set.response);
