@@ -110,8 +110,8 @@ impl Authenticator for DefaultAuthenticator {
 }
 
 /// Slows down clients that keep failing to authenticate: after a few failures from one
-/// address, each refusal to it waits longer before it is sent (doubling up to
-/// [`Throttle::MAX_DELAY`]), so guessing passwords costs time. A success clears the address.
+/// address, each refusal to it waits longer before it is sent (doubling up to 5 s), so
+/// guessing passwords costs time. A success clears the address.
 #[derive(Debug, Default)]
 pub struct Throttle {
     failures: Mutex<HashMap<IpAddr, (u32, Instant)>>,

@@ -74,7 +74,7 @@ impl Broker {
     }
 
     /// Binds a TCP listener and serves MQTT on it until shutdown. Returns the bound address.
-    /// Up to [`ACCEPTING_THREADS`] connection threads accept from it.
+    /// Up to four connection threads accept from it.
     pub async fn listen(&self, addr: SocketAddr) -> std::io::Result<SocketAddr> {
         self.listen_on(addr, Transport::Tcp).await
     }
@@ -155,7 +155,7 @@ impl Broker {
 
     /// Lends the last connection thread out for other work to run on beside its connections
     /// (`None` once lent, or after [`Broker::shutdown`]). [`Broker::shutdown`] does not stop a
-    /// lent thread; dropping the [`LentThread`] does.
+    /// lent thread; dropping the [`crate::LentThread`] does.
     pub fn lend_connection_thread(&self) -> Option<crate::LentThread> {
         self.inner.threads.lend_last()
     }

@@ -9,7 +9,7 @@
 //! publishers served by one other thread (`co_locate`): then each publish would cost that
 //! thread a hand-off and this one a wake-up, where on one thread the publish and its deliveries
 //! are handled in one pass. The session counts where its messages come from
-//! (`session::Relocate`), the connection's reader moves it between two packets
+//! (`placement::colocate`), the connection's reader moves it between two packets
 //! (`connection::Conn::try_move`), and [`ConnThreads::serve_on`] registers the socket with the
 //! other thread's poller; [`ConnThreads::may_take`] keeps one thread from taking more than its
 //! share.
@@ -167,7 +167,7 @@ pub(crate) struct ConnThreads {
     on_every_cpu: bool,
 }
 
-/// A connection thread lent out (see [`ConnThreads::lend_last`]): tasks spawned through
+/// A connection thread lent out (see `ConnThreads::lend_last`): tasks spawned through
 /// [`LentThread::handle`] run on it beside its connections. Dropping this stops the thread (its
 /// connections' tasks and the borrower's are dropped with its runtime).
 pub struct LentThread {

@@ -1,8 +1,8 @@
 //! The byte streams a client connection runs over: plain TCP, TLS, and WebSocket over either.
 //!
-//! A listener says which ([`Transport`]); [`accept`] runs the TLS and WebSocket handshakes on an
-//! accepted socket and gives a [`Stream`], which a connection splits into a [`ReadHalf`] and a
-//! [`WriteHalf`]. The connection reads and writes MQTT bytes through these and does not look
+//! A listener says which ([`Transport`]); `accept` runs the TLS and WebSocket handshakes on an
+//! accepted socket and gives a `Stream`, which a connection splits into a `ReadHalf` and a
+//! `WriteHalf`. The connection reads and writes MQTT bytes through these and does not look
 //! behind them: packets split across WebSocket frames, or several in one frame, reach it as one
 //! stream of bytes.
 
