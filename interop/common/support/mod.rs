@@ -120,25 +120,30 @@ fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// The server binary, the log file and a fresh working directory for the server of test
+/// `name`: the binary resolved against the crate directory (cargo's working directory for
+/// tests) before the server starts in a directory of its own, and the working directory fresh,
+/// so that what a server keeps on disk is never shared between tests running in parallel.
+fn prepare(name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let bin = std::fs::canonicalize(mqkv_bin())
+        .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let log_dir = tmp.join("mqkv-interop-logs");
+    std::fs::create_dir_all(&log_dir).expect("create log dir");
+    let log_path = log_dir.join(format!("{name}.log"));
+    let work_dir = tmp
+        .join("mqkv-interop-run")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work_dir);
+    std::fs::create_dir_all(&work_dir).expect("create server work dir");
+    (bin, log_path, work_dir)
+}
+
 impl Server {
     /// Starts the server (or cluster) and waits for its `listening on 127.0.0.1:PORT` line.
     /// `name` only names the server's log file (stderr) under the cargo target tmp dir.
     pub fn start(name: &str) -> Server {
-        // Resolve a relative MQKV_BIN against the crate dir (cargo's cwd for tests) before the
-        // server is started in a directory of its own.
-        let bin = std::fs::canonicalize(mqkv_bin())
-            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
-        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log_dir = tmp.join("mqkv-interop-logs");
-        std::fs::create_dir_all(&log_dir).expect("create log dir");
-        let log_path = log_dir.join(format!("{name}.log"));
-        // A fresh working directory per server, so whatever it keeps on disk by default
-        // (data directory) is never shared between the tests running in parallel.
-        let work_dir = tmp
-            .join("mqkv-interop-run")
-            .join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&work_dir);
-        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+        let (bin, log_path, work_dir) = prepare(name);
         let role = std::env::var("MQKV_INTEROP_CLUSTER")
             .ok()
             .filter(|r| !r.is_empty());
@@ -212,17 +217,7 @@ impl Server {
     /// Starts a single server whose [`Server::port`] is a TLS listener that requires a client
     /// certificate; the certificates are made for the test (see [`ClientTls`]).
     pub fn start_tls(name: &str) -> Server {
-        let bin = std::fs::canonicalize(mqkv_bin())
-            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
-        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log_dir = tmp.join("mqkv-interop-logs");
-        std::fs::create_dir_all(&log_dir).expect("create log dir");
-        let log_path = log_dir.join(format!("{name}.log"));
-        let work_dir = tmp
-            .join("mqkv-interop-run")
-            .join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&work_dir);
-        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+        let (bin, log_path, work_dir) = prepare(name);
         make_certs(&work_dir);
         let args = [
             "serve",
@@ -257,17 +252,7 @@ impl Server {
     /// file for the SDK (`password_file`); the server's password file is made with
     /// `mqkv passwd`.
     pub fn start_with_password(name: &str) -> Server {
-        let bin = std::fs::canonicalize(mqkv_bin())
-            .unwrap_or_else(|e| panic!("server binary {}: {e}", mqkv_bin().display()));
-        let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-        let log_dir = tmp.join("mqkv-interop-logs");
-        std::fs::create_dir_all(&log_dir).expect("create log dir");
-        let log_path = log_dir.join(format!("{name}.log"));
-        let work_dir = tmp
-            .join("mqkv-interop-run")
-            .join(format!("{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&work_dir);
-        std::fs::create_dir_all(&work_dir).expect("create server work dir");
+        let (bin, log_path, work_dir) = prepare(name);
         let password = "interop-s3cret";
         let mut passwd = Command::new(&bin)
             .args(["passwd", "passwords", "app", "--password-stdin"])
