@@ -7,6 +7,16 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
+/// The pub/sub workloads judged against Mosquitto, over TCP, TLS and WebSocket.
+const PUBSUB: [&str; 6] = [
+    "pubsub-fanin",
+    "pubsub-fanout",
+    "pubsub-fanin-tls",
+    "pubsub-fanout-tls",
+    "pubsub-fanin-ws",
+    "pubsub-fanout-ws",
+];
+
 /// The server binary: `MQKV_BIN`, else the newer of `target/release/mqkv` and
 /// `target/debug/mqkv` in the target directory this test was built into.
 fn server_binary() -> PathBuf {
@@ -166,16 +176,7 @@ fn smoke_run_reports_every_workload() {
         }
     }
     if has_mosquitto {
-        for wl in [
-            "pubsub-fanin",
-            "pubsub-fanout",
-            "pubsub-fanin-tls",
-            "pubsub-fanout-tls",
-            "pubsub-fanin-ws",
-            "pubsub-fanout-ws",
-            "pubsub-rate",
-            "conn-storm",
-        ] {
+        for wl in PUBSUB.into_iter().chain(["pubsub-rate", "conn-storm"]) {
             check_present(&doc, wl, "mosquitto", true);
         }
         check_present(&doc, "mem-idle-conns", "mosquitto", false);
@@ -202,14 +203,7 @@ fn smoke_run_reports_every_workload() {
             "{targets:?}"
         );
     }
-    for wl in [
-        "pubsub-fanin",
-        "pubsub-fanout",
-        "pubsub-fanin-tls",
-        "pubsub-fanout-tls",
-        "pubsub-fanin-ws",
-        "pubsub-fanout-ws",
-    ] {
+    for wl in PUBSUB {
         for clients in [1, 4] {
             let name = format!("{wl} QoS 1 throughput ({clients} clients)");
             assert!(targets.contains(&name.as_str()), "{name} in {targets:?}");
