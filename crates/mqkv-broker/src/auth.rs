@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
+pub use crate::access::Principal;
 use crate::codec::reason;
 use crate::passwords::Passwords;
 
@@ -32,10 +33,10 @@ pub struct AuthRequest<'a> {
     pub local: SocketAddr,
 }
 
-/// Decides who a connecting client is. `Ok` carries the authenticated principal (`None` for
-/// anonymous); `Err` carries the CONNACK reason code.
+/// Decides who a connecting client is. `Ok` carries the authenticated principal (with no user
+/// name for anonymous clients); `Err` carries the CONNACK reason code.
 pub trait Authenticator: Send + Sync + 'static {
-    fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Option<Arc<str>>, u8>;
+    fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Principal, u8>;
 
     /// Whether [`Authenticator::authenticate`] may take long for `req` (a password hash to
     /// check): the broker then calls it on a thread for blocking work, so that other clients
@@ -65,15 +66,88 @@ impl PasswordStore {
     }
 }
 
+/// Attributes a client certificate gives its holder when a certificate with `subject` is in its
+/// chain (the client's own, an intermediate's or the root's), as AIO's
+/// `authorizationAttributes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectAttributes {
+    /// A distinguished name (`CN = smart-fan, O = Contoso`); compared field by field, with
+    /// the spaces around `=` and `,` not counting.
+    pub subject: String,
+    pub attributes: Vec<(String, String)>,
+}
+
+/// A distinguished name in one spelling: `CN = a, O = b` and `CN=a,O=b` are the same.
+fn normal_name(dn: &str) -> String {
+    let mut out = String::with_capacity(dn.len());
+    let mut escaped = false;
+    let mut field = String::new();
+    let flush = |field: &mut String, out: &mut String| {
+        let (k, v) = field.split_once('=').unwrap_or((field.as_str(), ""));
+        if !out.is_empty() {
+            out.push(',');
+        }
+        out.push_str(&k.trim().to_ascii_uppercase());
+        out.push('=');
+        out.push_str(v.trim());
+        field.clear();
+    };
+    for c in dn.chars() {
+        match c {
+            ',' if !escaped => flush(&mut field, &mut out),
+            _ => {
+                escaped = c == '\\' && !escaped;
+                field.push(c);
+            }
+        }
+    }
+    if !field.trim().is_empty() {
+        flush(&mut field, &mut out);
+    }
+    out
+}
+
 /// Users from a password file, clients with a verified certificate, and the anonymous rule.
 #[derive(Debug)]
 pub struct DefaultAuthenticator {
     pub allow_anonymous: Option<bool>,
     pub passwords: Arc<PasswordStore>,
+    /// Attributes that certificates give their holders.
+    pub certificate_attributes: Vec<SubjectAttributes>,
+}
+
+impl DefaultAuthenticator {
+    /// The principal a verified client certificate makes: its common name (or its whole
+    /// subject) as the user name, with the attributes configured for any subject in its chain.
+    fn certificate_principal(&self, cert: &crate::transport::PeerCertificate) -> Principal {
+        let name = cert.common_name.as_deref().unwrap_or(&cert.subject);
+        let mut principal = Principal::user(name);
+        if self.certificate_attributes.is_empty() {
+            return principal;
+        }
+        // Root first, so that what the client's own certificate says wins.
+        let chain: Vec<String> = cert
+            .issuers
+            .iter()
+            .rev()
+            .chain(std::iter::once(&cert.subject))
+            .map(|s| normal_name(s))
+            .collect();
+        for subject in &chain {
+            for rule in &self.certificate_attributes {
+                if normal_name(&rule.subject) == *subject {
+                    for (k, v) in &rule.attributes {
+                        principal.set_attribute(k, v);
+                    }
+                }
+            }
+        }
+        principal
+    }
 }
 
 impl Authenticator for DefaultAuthenticator {
-    fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Option<Arc<str>>, u8> {
+    fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Principal, u8> {
         if req.authentication_method.is_some() {
             return Err(reason::BAD_AUTHENTICATION_METHOD);
         }
@@ -81,7 +155,7 @@ impl Authenticator for DefaultAuthenticator {
         if let Some(name) = req.username {
             if passwords.contains(name) {
                 return match req.password {
-                    Some(p) if passwords.verify(name, p) => Ok(Some(name.into())),
+                    Some(p) if passwords.verify(name, p) => Ok(Principal::user(name)),
                     _ => Err(reason::BAD_USER_NAME_OR_PASSWORD),
                 };
             }
@@ -90,14 +164,13 @@ impl Authenticator for DefaultAuthenticator {
             }
         }
         if let Some(cert) = req.certificate {
-            let name = cert.common_name.as_deref().unwrap_or(&cert.subject);
-            return Ok(Some(name.into()));
+            return Ok(self.certificate_principal(cert));
         }
         let anonymous = self
             .allow_anonymous
             .unwrap_or_else(|| req.local.ip().is_loopback());
         if anonymous {
-            Ok(None)
+            Ok(Principal::default())
         } else {
             Err(reason::NOT_AUTHORIZED)
         }
@@ -179,6 +252,7 @@ mod tests {
         DefaultAuthenticator {
             allow_anonymous,
             passwords: Arc::new(PasswordStore::new(passwords)),
+            certificate_attributes: Vec::new(),
         }
     }
 
@@ -197,7 +271,10 @@ mod tests {
     #[test]
     fn anonymous_only_on_loopback_by_default() {
         let a = authenticator(None, Passwords::default());
-        assert_eq!(a.authenticate(&req(None, None, "127.0.0.1:1883")), Ok(None));
+        assert_eq!(
+            a.authenticate(&req(None, None, "127.0.0.1:1883")),
+            Ok(Principal::default())
+        );
         assert_eq!(
             a.authenticate(&req(None, None, "10.0.0.1:1883")),
             Err(reason::NOT_AUTHORIZED)
@@ -211,18 +288,64 @@ mod tests {
             subject: "CN=device-1, O=Contoso".into(),
             common_name: Some("device-1".into()),
             subject_alt_names: vec![],
+            issuers: vec!["CN=Contoso Root".into()],
             der: vec![],
         };
         let mut r = req(None, None, "10.0.0.1:8883");
         r.certificate = Some(&cert);
-        assert_eq!(a.authenticate(&r), Ok(Some("device-1".into())));
+        assert_eq!(a.authenticate(&r), Ok(Principal::user("device-1")));
         cert.common_name = None;
         let mut r = req(None, None, "10.0.0.1:8883");
         r.certificate = Some(&cert);
         assert_eq!(
             a.authenticate(&r),
-            Ok(Some("CN=device-1, O=Contoso".into()))
+            Ok(Principal::user("CN=device-1, O=Contoso"))
         );
+    }
+
+    #[test]
+    fn certificates_in_the_chain_give_attributes() {
+        let mut a = authenticator(None, Passwords::default());
+        let rule = |subject: &str, attrs: &[(&str, &str)]| SubjectAttributes {
+            subject: subject.into(),
+            attributes: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        a.certificate_attributes = vec![
+            rule(
+                "CN = Contoso Root",
+                &[("organization", "contoso"), ("tier", "root")],
+            ),
+            rule(
+                "cn=device-1 , O = Contoso",
+                &[("building", "17"), ("tier", "leaf")],
+            ),
+            rule("CN = someone-else", &[("building", "99")]),
+        ];
+        let cert = crate::transport::PeerCertificate {
+            subject: "CN=device-1,O=Contoso".into(),
+            common_name: Some("device-1".into()),
+            subject_alt_names: vec![],
+            issuers: vec!["CN=Contoso Root".into()],
+            der: vec![],
+        };
+        let mut r = req(None, None, "10.0.0.1:8883");
+        r.certificate = Some(&cert);
+        let p = a.authenticate(&r).expect("accepted");
+        assert_eq!(p.username.as_deref(), Some("device-1"));
+        assert_eq!(p.attribute("organization"), Some("contoso"));
+        assert_eq!(p.attribute("building"), Some("17"));
+        // The client's own certificate wins over its root.
+        assert_eq!(p.attribute("tier"), Some("leaf"));
+    }
+
+    #[test]
+    fn distinguished_names_compare_without_spacing() {
+        assert_eq!(normal_name("CN = a b, O = c"), "CN=a b,O=c");
+        assert_eq!(normal_name("cn=a b,O=c"), "CN=a b,O=c");
+        assert_eq!(normal_name("CN=a\\, b,O=c"), "CN=a\\, b,O=c");
     }
 
     #[test]
@@ -236,7 +359,7 @@ mod tests {
         let bad = Bytes::from_static(b"x");
         assert_eq!(
             a.authenticate(&req(Some("u"), Some(&good), "10.0.0.1:1")),
-            Ok(Some("u".into()))
+            Ok(Principal::user("u"))
         );
         assert_eq!(
             a.authenticate(&req(Some("u"), Some(&bad), "10.0.0.1:1")),

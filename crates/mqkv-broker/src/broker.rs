@@ -40,6 +40,7 @@ impl Broker {
         let auth = DefaultAuthenticator {
             allow_anonymous: config.allow_anonymous,
             passwords,
+            certificate_attributes: Vec::new(),
         };
         Broker::with_authenticator(config, Arc::new(auth))
     }
@@ -126,6 +127,24 @@ impl Broker {
             return false;
         };
         session.close(connection_id, Some(reason_code))
+    }
+
+    /// Puts an authorization policy in force (`None`: every client may do everything). Connected
+    /// clients stay: the policy applies to their next operation, and their subscriptions it
+    /// does not allow are removed now.
+    pub fn set_policy(&self, policy: Option<Arc<dyn crate::access::Policy>>) {
+        self.inner.policy.replace(policy);
+        self.inner.apply_policy();
+    }
+
+    /// Reserves a topic namespace for the server (see [`crate::access::Reserved`]).
+    pub fn reserve(&self, reserved: crate::access::Reserved) {
+        self.inner.reserve(reserved);
+    }
+
+    /// Publishes and subscriptions refused so far by the policy or a reserved namespace.
+    pub fn denied_count(&self) -> u64 {
+        self.inner.denied.load(Ordering::Relaxed)
     }
 
     /// A counter that moves whenever retained messages or persistent sessions change, so a

@@ -53,6 +53,8 @@ pub(crate) struct ServiceClaim {
 pub(crate) struct ServiceClaims {
     version: u64,
     claims: Vec<ServiceClaim>,
+    /// The namespaces reserved for the server.
+    pub(crate) reserved: Vec<Arc<crate::access::Reserved>>,
 }
 
 impl ServiceClaims {
@@ -87,6 +89,12 @@ pub(crate) struct Inner {
     pub connection_closed: tokio::sync::Notify,
     /// Slows down addresses that keep failing to authenticate.
     pub(crate) throttle: crate::auth::Throttle,
+    /// The authorization policy in force, if any.
+    pub(crate) policy: crate::access::PolicySlot,
+    /// Namespaces only the server publishes in.
+    pub(crate) reserved: RwLock<Vec<Arc<crate::access::Reserved>>>,
+    /// Publishes and subscriptions refused by the policy or a reserved namespace.
+    pub(crate) denied: AtomicU64,
     /// Takeovers whose old connection did not answer within [`HANDOVER_WAIT`].
     pub(crate) handovers_unanswered: AtomicU64,
     pub(crate) threads: ConnThreads,
@@ -125,6 +133,9 @@ impl Inner {
             connection_closed: tokio::sync::Notify::new(),
             handovers_unanswered: AtomicU64::new(0),
             throttle: crate::auth::Throttle::default(),
+            policy: crate::access::PolicySlot::default(),
+            reserved: RwLock::new(Vec::new()),
+            denied: AtomicU64::new(0),
             threads,
         }
     }
@@ -166,7 +177,15 @@ impl Inner {
         ServiceClaims {
             version: self.services_version.load(Ordering::Acquire),
             claims: services.clone(),
+            reserved: self.reserved.read().clone(),
         }
+    }
+
+    /// Reserves a namespace for the server; connections see it as they see a new claim.
+    pub(crate) fn reserve(&self, reserved: crate::access::Reserved) {
+        let _services = self.services.write();
+        self.reserved.write().push(Arc::new(reserved));
+        self.services_version.fetch_add(1, Ordering::Release);
     }
 
     /// Renews `mine` if a claim was made since it was taken.
@@ -698,13 +717,15 @@ impl Inner {
 /// The identity a service sees for a connection.
 pub(crate) fn identity(
     client_id: &ClientId,
-    principal: &Option<Arc<str>>,
+    principal: Arc<crate::access::Principal>,
+    grants: Option<Arc<dyn crate::access::Grants>>,
     peer: SocketAddr,
     conn_id: u64,
 ) -> ClientIdentity {
     ClientIdentity {
         client_id: client_id.clone(),
-        principal: principal.clone(),
+        principal,
+        grants,
         peer,
         connection_id: conn_id,
     }

@@ -6,6 +6,7 @@
 //! The broker knows nothing about the state store: services claim topics with
 //! [`Broker::claim`] and talk back with [`Broker::publish`] and [`Broker::deliver`].
 
+pub mod access;
 pub mod auth;
 mod broker;
 mod cluster;
@@ -18,6 +19,7 @@ mod listener;
 pub mod passwords;
 pub mod persist;
 mod placement;
+mod policing;
 pub mod replicated;
 mod saved;
 pub mod service;

@@ -42,18 +42,31 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::access::{Grants, Principal};
 use crate::codec::{Properties, QoS};
 
 /// Who sent something: the connection's own identity, not anything the client claims inside a
 /// message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ClientIdentity {
     pub client_id: Arc<str>,
-    /// The principal the authenticator returned (`None` for anonymous clients).
-    pub principal: Option<Arc<str>>,
+    /// Who the authenticator said the client is.
+    pub principal: Arc<Principal>,
+    /// What the policy in force lets the client do; `None` without a policy (everything).
+    pub grants: Option<Arc<dyn Grants>>,
     pub peer: SocketAddr,
     /// A number unique to this connection (a client id can reconnect).
     pub connection_id: u64,
+}
+
+impl ClientIdentity {
+    /// Whether the client may read (`write` false) or change (`write` true) a service's
+    /// `resource`.
+    pub fn may_use(&self, resource: &[u8], write: bool) -> bool {
+        self.grants
+            .as_ref()
+            .is_none_or(|g| g.may_use(resource, write))
+    }
 }
 
 /// A PUBLISH addressed to a claimed topic.

@@ -246,6 +246,9 @@ pub struct SessionState {
     pub disconnected_at: Option<Instant>,
     pub pending_will: Option<PendingWill>,
     pub dropped_messages: u64,
+    /// Who the session's latest connection authenticated as (unknown for a session restored
+    /// from disk until its client returns).
+    pub principal: Option<Arc<crate::access::Principal>>,
 }
 
 /// Limits a session applies to its queue.

@@ -80,9 +80,89 @@ pub fn matches(filter: &str, topic: &str) -> bool {
     }
 }
 
+/// Whether every topic `filter` matches is also matched by `outer`: a subscription to `filter`
+/// can receive nothing that `outer` does not allow.
+pub fn covers(outer: &str, filter: &str) -> bool {
+    // `+` and `#` at the first level do not match `$` topics, which a literal first level of
+    // `filter` may name.
+    if filter.starts_with('$') && (outer.starts_with('+') || outer.starts_with('#')) {
+        return false;
+    }
+    let mut o = outer.split('/');
+    let mut f = filter.split('/');
+    loop {
+        match (o.next(), f.next()) {
+            (Some("#"), _) => return true,
+            // `a/#` matches `a` itself too, which only `a/#` (above) covers.
+            (_, Some("#")) => return false,
+            (Some("+"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b && b != "+" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn coverage_of_filters() {
+        for (outer, filter) in [
+            ("#", "a/b"),
+            ("#", "#"),
+            ("#", "+/x"),
+            ("a/#", "a"),
+            ("a/#", "a/#"),
+            ("a/#", "a/+/c"),
+            ("a/+", "a/b"),
+            ("a/+", "a/+"),
+            ("+/+", "a/+"),
+            ("a/b", "a/b"),
+            ("$SYS/#", "$SYS/x"),
+        ] {
+            assert!(covers(outer, filter), "{outer} should cover {filter}");
+        }
+        for (outer, filter) in [
+            ("a/+", "a/#"),
+            ("a/b", "a/+"),
+            ("a/b", "a/#"),
+            ("a/+", "a"),
+            ("a/+/c", "a/+/+"),
+            ("a/b/#", "a/#"),
+            ("#", "$SYS/x"),
+            ("+/x", "$SYS/x"),
+            ("a", "a/b"),
+            ("a/b", "a"),
+        ] {
+            assert!(!covers(outer, filter), "{outer} should not cover {filter}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A covered filter matches no topic its cover does not.
+        #[test]
+        fn covering_means_matching(
+            outer in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "+", "$s"]), 1..4),
+            outer_hash in proptest::bool::ANY,
+            filter in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "+", "$s"]), 1..4),
+            filter_hash in proptest::bool::ANY,
+            topic in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "c", "$s"]), 1..6),
+        ) {
+            let join = |levels: &[&str], hash: bool| {
+                let mut s = levels.join("/");
+                if hash { s.push_str("/#"); }
+                s
+            };
+            let outer = join(&outer, outer_hash);
+            let filter = join(&filter, filter_hash);
+            let topic = topic.join("/");
+            if covers(&outer, &filter) && matches(&filter, &topic) {
+                proptest::prop_assert!(matches(&outer, &topic), "{} covers {} but not {}", outer, filter, topic);
+            }
+        }
+    }
 
     #[test]
     fn filter_validation() {

@@ -65,6 +65,16 @@ impl Default for StateStoreConfig {
     }
 }
 
+/// Attributes a certificate gives its holder: a `[[certificate_attributes]]` table.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateAttributes {
+    /// A distinguished name (`CN = smart-fan, O = Contoso`): of the client's certificate or of a
+    /// certificate up its chain (an intermediate, the root).
+    pub subject: String,
+    pub attributes: std::collections::BTreeMap<String, String>,
+}
+
 /// Membership of a cluster: the `[cluster]` table.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -217,6 +227,12 @@ pub struct ServerConfig {
     pub tls: crate::listeners::TlsDefaults,
     /// The password file (`mqkv passwd FILE USER` makes one): the users clients may log in as.
     pub password_file: Option<PathBuf>,
+    /// The authorization policy (YAML, in the shape of AIO's `BrokerAuthorization`). Without
+    /// one, every client that authenticates may do everything.
+    pub policy: Option<PathBuf>,
+    /// Attributes client certificates give their holders: `[[certificate_attributes]]` tables
+    /// with a `subject` and an `attributes` table.
+    pub certificate_attributes: Vec<CertificateAttributes>,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub broker: BrokerConfig,
@@ -264,6 +280,8 @@ impl Default for ServerConfig {
             listeners: Vec::new(),
             tls: crate::listeners::TlsDefaults::default(),
             password_file: None,
+            policy: None,
+            certificate_attributes: Vec::new(),
             data_dir: PathBuf::from("./mqkv-data"),
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),

@@ -5,6 +5,7 @@ pub mod config;
 pub mod federation;
 pub mod listeners;
 pub mod persistence;
+pub mod policy;
 pub mod replicated;
 pub mod statestore;
 pub mod survivor;
@@ -31,6 +32,10 @@ pub struct Server {
     tls: Vec<Arc<mqkv_broker::Tls>>,
     /// The password file and the users read from it, reloaded by [`Server::reload`].
     passwords: Option<(std::path::PathBuf, Arc<mqkv_broker::auth::PasswordStore>)>,
+    /// The policy file, reloaded by [`Server::reload`].
+    policy: Option<std::path::PathBuf>,
+    /// Key observations, which a new policy may end.
+    notifier: Arc<statestore::Notifier>,
     saver: Option<persistence::Saver>,
     node: StoreNode,
 }
@@ -53,6 +58,8 @@ pub enum StartError {
     Listener(#[from] listeners::ListenerError),
     #[error(transparent)]
     Passwords(#[from] mqkv_broker::passwords::PasswordFileError),
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
     #[error("plain-text passwords in the configuration ([[broker.users]]) are not accepted: make a password file with `mqkv passwd FILE USER` and give it as password_file (or --password-file)")]
     PlainPasswords,
     #[error("cannot listen on {addr}: {source}")]
@@ -87,7 +94,32 @@ impl Server {
         let store = passwords
             .as_ref()
             .map_or_else(Default::default, |(_, store)| store.clone());
-        let broker = Broker::with_passwords(broker_config, store).map_err(StartError::Threads)?;
+        let policy = match &config.policy {
+            Some(path) => Some((path.clone(), Arc::new(policy::Policy::load(path)?))),
+            None => None,
+        };
+        let auth = mqkv_broker::auth::DefaultAuthenticator {
+            allow_anonymous: broker_config.allow_anonymous,
+            passwords: store,
+            certificate_attributes: config
+                .certificate_attributes
+                .iter()
+                .map(|c| mqkv_broker::auth::SubjectAttributes {
+                    subject: c.subject.clone(),
+                    attributes: c
+                        .attributes
+                        .iter()
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                })
+                .collect(),
+        };
+        let broker = Broker::with_authenticator(broker_config, Arc::new(auth))
+            .map_err(StartError::Threads)?;
+        if let Some((path, policy)) = &policy {
+            tracing::info!(file = %path.display(), rules = policy.rule_count(), "authorization policy in force");
+            broker.set_policy(Some(policy.clone()));
+        }
         let saver = match config.storage {
             StorageKind::Memory => None,
             StorageKind::Disk => {
@@ -173,7 +205,7 @@ impl Server {
                 node.write(entry).await.map_err(StartError::Limits)?;
             }
         }
-        statestore::StateStoreService::start(&broker, node.clone(), notifier);
+        statestore::StateStoreService::start(&broker, node.clone(), notifier.clone());
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
         admin::AdminService::start(&broker, node.clone(), fault_injection);
         if node.is_clustered() {
@@ -218,13 +250,16 @@ impl Server {
             endpoints,
             tls,
             passwords,
+            policy: policy.map(|(path, _)| path),
+            notifier,
             saver,
             node,
         })
     }
 
-    /// Reads the TLS listeners' certificates, keys and CA bundles, and the password file, again:
-    /// new connections use them, connected clients stay. Files that fail to load are reported
+    /// Reads the TLS listeners' certificates, keys and CA bundles, the password file and the
+    /// policy again: new connections use them, connected clients stay (under the new policy
+    /// from their next operation on). Files that fail to load are reported
     /// in the log and what was in force stays. Returns how many failed.
     pub fn reload(&self) -> usize {
         let mut failed = 0;
@@ -237,6 +272,20 @@ impl Server {
                 Err(e) => {
                     failed += 1;
                     tracing::error!(error = %e, "password file reload failed; the previous users stay");
+                }
+            }
+        }
+        if let Some(path) = &self.policy {
+            match policy::Policy::load(path) {
+                Ok(policy) => {
+                    let policy = Arc::new(policy);
+                    tracing::info!(file = %path.display(), rules = policy.rule_count(), "policy reloaded");
+                    self.broker.set_policy(Some(policy.clone()));
+                    self.notifier.apply_policy(&*policy);
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
                 }
             }
         }

@@ -30,6 +30,19 @@ const KEYS_EXAMINED_PER_PAGE_SLOT: usize = 32;
 impl StateMachine {
     /// One page of keys matching `pattern`, starting after `token`.
     pub fn scan(&self, pattern: &[u8], token: Option<&[u8]>, now_ms: u64) -> Response {
+        self.scan_where(pattern, token, now_ms, |_| true)
+    }
+
+    /// A SCAN page like [`StateMachine::scan`] that lists only keys `listed` accepts (those
+    /// the client may read). Keys it refuses count as looked at, so a page's work stays
+    /// bounded and the token goes on past them.
+    pub fn scan_where(
+        &self,
+        pattern: &[u8],
+        token: Option<&[u8]>,
+        now_ms: u64,
+        listed: impl Fn(&[u8]) -> bool,
+    ) -> Response {
         if pattern.is_empty() {
             return Response::Error(ErrorKind::KeyLengthZero);
         }
@@ -54,7 +67,7 @@ impl StateMachine {
         for (key, record) in walk.by_ref() {
             examined += 1;
             last = Some(key);
-            if record.is_live(now_ms) && glob.matches(key) {
+            if record.is_live(now_ms) && glob.matches(key) && listed(key) {
                 keys.push(Bytes::copy_from_slice(key));
             }
             if keys.len() >= page_size || examined >= budget {

@@ -78,6 +78,9 @@ struct ServeArgs {
     /// The password file clients log in against (`mqkv passwd FILE USER` makes one).
     #[arg(long, value_name = "FILE")]
     password_file: Option<PathBuf>,
+    /// The authorization policy (YAML, AIO's BrokerAuthorization shape).
+    #[arg(long)]
+    policy: Option<PathBuf>,
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -281,6 +284,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.password_file {
             c.password_file = Some(v);
+        }
+        if let Some(v) = self.policy {
+            c.policy = Some(v);
         }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
@@ -533,7 +539,7 @@ impl Signals {
                 _ = self.term.recv() => break,
                 _ = self.int.recv() => break,
                 _ = self.hup.recv() => {
-                    tracing::info!("SIGHUP: reloading the TLS files and the password file");
+                    tracing::info!("SIGHUP: reloading the TLS files, the password file and the policy");
                     reload();
                 }
             }

@@ -207,7 +207,7 @@ pub(crate) async fn run(
     let principal = match authenticated {
         Ok(p) => {
             inner.throttle.succeeded(peer.ip());
-            p
+            Arc::new(p)
         }
         Err(code) => {
             let wait = match code {
@@ -223,6 +223,28 @@ pub(crate) async fn run(
             return;
         }
     };
+
+    // Authorization: the connection itself, then the will's topic.
+    let policy_generation = inner.policy.generation();
+    let grants = inner.policy.grants(&client_id, &principal);
+    if let Some(grants) = &grants {
+        let refused = if !grants.may_connect() {
+            Some("connection not allowed by the policy")
+        } else if will
+            .as_ref()
+            .is_some_and(|(w, _)| !grants.may_publish(&w.topic))
+        {
+            Some("will topic not allowed by the policy")
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            tracing::info!(%peer, client_id = %client_id, username = ?principal.username, "connection refused: {why}");
+            let out = refuse(reason::NOT_AUTHORIZED).await;
+            send_and_close(&mut wr, out).await;
+            return;
+        }
+    }
 
     // Room for one more session, unless the client has one.
     let full = {
@@ -278,6 +300,7 @@ pub(crate) async fn run(
     }
     inner.hand_over(&client_id).await;
     let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
+    inner.authorize_session(&attached.session, &principal, grants.as_deref());
     let session = attached.session;
 
     let props = match v5 {
@@ -294,7 +317,7 @@ pub(crate) async fn run(
     );
     tracing::debug!(%peer, client_id = %client_id, level, "client connected");
 
-    let ident = identity(&client_id, &principal, peer, conn_id);
+    let ident = identity(&client_id, principal, grants, peer, conn_id);
     for service in inner.services() {
         service.on_connect(&ident);
     }
@@ -312,6 +335,7 @@ pub(crate) async fn run(
         level,
         client_id: client_id.clone(),
         ident: ident.clone(),
+        policy_generation,
         aliases: Vec::new(),
         session_expiry: expiry,
         will,

@@ -17,6 +17,7 @@
 //! broker. The bytes travel over a [`crate::transport`] stream, which the connection does not
 //! look behind.
 
+mod authorize;
 mod handshake;
 mod moving;
 mod negotiate;
@@ -73,6 +74,8 @@ pub(super) struct Conn {
     level: u8,
     client_id: ClientId,
     ident: crate::service::ClientIdentity,
+    /// The policy generation `ident`'s grants were worked out under.
+    policy_generation: u64,
     /// Inbound topic aliases, indexed by alias - 1.
     aliases: Vec<Option<String>>,
     session_expiry: u32,
@@ -107,6 +110,20 @@ pub(super) struct Conn {
 pub(super) struct Violation(u8);
 
 impl Conn {
+    /// What the policy lets this client do (`None`: no policy, everything), worked out again
+    /// when the policy has been replaced since.
+    pub(super) fn grants(&mut self) -> Option<&Arc<dyn crate::access::Grants>> {
+        let generation = self.inner.policy.generation();
+        if generation != self.policy_generation {
+            self.policy_generation = generation;
+            self.ident.grants = self
+                .inner
+                .policy
+                .grants(&self.client_id, &self.ident.principal);
+        }
+        self.ident.grants.as_ref()
+    }
+
     pub(super) fn v5(&self) -> bool {
         self.level == codec::V5
     }

@@ -191,6 +191,10 @@ impl Conn {
             if spec.group.is_some() && opts.no_local {
                 return Err(Violation(reason::PROTOCOL_ERROR));
             }
+            if !self.may_subscribe(spec.group, spec.filter) {
+                codes.push(reason::NOT_AUTHORIZED);
+                continue;
+            }
             let existed = self
                 .inner
                 .subscribe(&self.session, filter, *opts, identifier);

@@ -121,6 +121,13 @@ impl Conn {
         if bad_payload && p.qos == QoS::AtMostOnce {
             return Err(Violation(reason::PAYLOAD_FORMAT_INVALID));
         }
+        if !self.may_publish(&p.topic) {
+            // Not published; QoS 0 is dropped (and counted), QoS 1 and 2 get 0x87.
+            if let Some(ack) = ack_for(p.qos, p.packet_id, reason::NOT_AUTHORIZED) {
+                self.acknowledge(ack);
+            }
+            return Ok(None);
+        }
         if p.retain && !p.payload.is_empty() && !self.inner.retained_room(&p.topic, &p.payload) {
             // Refused whole (not published either): the retained messages are at their limit.
             tracing::debug!(client_id = %self.client_id, topic = %p.topic, "retained message over the limit refused");

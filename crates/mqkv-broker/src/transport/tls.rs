@@ -144,13 +144,17 @@ pub struct PeerCertificate {
     pub common_name: Option<String>,
     /// Subject alternative names: DNS names, e-mail addresses, URIs and IP addresses.
     pub subject_alt_names: Vec<String>,
+    /// The subjects of the certificates that vouch for it, nearest first: each presented
+    /// certificate's issuer (the intermediates' subjects, then the root's).
+    pub issuers: Vec<String>,
     /// The certificate, DER.
     pub der: Vec<u8>,
 }
 
 /// The verified client certificate of a finished handshake, if the client sent one.
 pub(crate) fn peer_certificate(conn: &ServerConnection) -> Option<PeerCertificate> {
-    let der = conn.peer_certificates()?.first()?;
+    let chain = conn.peer_certificates()?;
+    let der = chain.first()?;
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
     let subject = cert.subject();
     let common_name = subject
@@ -182,10 +186,16 @@ pub(crate) fn peer_certificate(conn: &ServerConnection) -> Option<PeerCertificat
             }
         }
     }
+    let issuers = chain
+        .iter()
+        .filter_map(|der| x509_parser::parse_x509_certificate(der).ok())
+        .map(|(_, c)| c.issuer().to_string())
+        .collect();
     Some(PeerCertificate {
         subject: subject.to_string(),
         common_name,
         subject_alt_names,
+        issuers,
         der: der.to_vec(),
     })
 }

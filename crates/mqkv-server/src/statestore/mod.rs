@@ -13,23 +13,24 @@
 //! the request's response is published; a client that observes and mutates the same key sees the
 //! notification first.
 
-use std::collections::{HashMap, HashSet};
+mod notifier;
+
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::Mutex;
-
 use bytes::Bytes;
+use mqkv_broker::access::Reserved;
 use mqkv_broker::codec::{PropStr, Properties, QoS};
 use mqkv_broker::{Broker, ClientIdentity, Handled, OutboundMessage, Service, ServicePublish};
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{
-    is_reserved_response_topic, notification_topic, parse_request_bytes, response, Command, Hlc,
-    Response, NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
+    hex_upper, is_reserved_response_topic, parse_request_bytes, response, Command, Hlc, Response,
+    NOTIFY_TOPIC_PREFIX, REQUEST_TOPIC,
 };
-use mqkv_raft::{ApplyHook, StoreNode};
-use mqkv_store::{Applied, DedupId, Entry, Op, Request};
-use tokio::sync::Notify;
+use mqkv_raft::StoreNode;
+use mqkv_store::{DedupId, Entry, Op, Request};
+
+pub use notifier::Notifier;
 
 /// How long a request's answer is remembered for redeliveries when the request carries no
 /// message expiry (the SDKs always send one).
@@ -48,156 +49,6 @@ pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Who observes which keys, per connection.
-#[derive(Default)]
-struct Observers {
-    by_key: HashMap<Bytes, HashMap<Arc<str>, u64>>,
-    by_connection: HashMap<u64, HashSet<Bytes>>,
-}
-
-impl Observers {
-    /// Registers `who` as an observer of `key`, unless its connection already observes `max`
-    /// other keys; returns whether it observes the key now.
-    fn start(&mut self, who: &ClientIdentity, key: &Bytes, max: usize) -> bool {
-        let on_connection = self.by_connection.get(&who.connection_id);
-        if on_connection.is_some_and(|keys| keys.len() >= max && !keys.contains(key)) {
-            return false;
-        }
-        self.by_key
-            .entry(key.clone())
-            .or_default()
-            .insert(who.client_id.clone(), who.connection_id);
-        self.by_connection
-            .entry(who.connection_id)
-            .or_default()
-            .insert(key.clone());
-        true
-    }
-
-    /// Returns whether the key was observed by this client.
-    fn stop(&mut self, who: &ClientIdentity, key: &Bytes) -> bool {
-        let Some(clients) = self.by_key.get_mut(key) else {
-            return false;
-        };
-        let Some(conn) = clients.remove(&who.client_id) else {
-            return false;
-        };
-        if clients.is_empty() {
-            self.by_key.remove(key);
-        }
-        if let Some(keys) = self.by_connection.get_mut(&conn) {
-            keys.remove(key);
-            if keys.is_empty() {
-                self.by_connection.remove(&conn);
-            }
-        }
-        true
-    }
-
-    /// Drops every registration made on a connection that has closed.
-    fn connection_closed(&mut self, connection_id: u64) {
-        let Some(keys) = self.by_connection.remove(&connection_id) else {
-            return;
-        };
-        for key in keys {
-            if let Some(clients) = self.by_key.get_mut(&key) {
-                clients.retain(|_, c| *c != connection_id);
-                if clients.is_empty() {
-                    self.by_key.remove(&key);
-                }
-            }
-        }
-    }
-
-    fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
-        self.by_key
-            .get(key)
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default()
-    }
-}
-
-/// True for a SET with a deadline, applied or not.
-fn sets_deadline(entry: &Entry) -> bool {
-    matches!(
-        &entry.op,
-        Op::Request(Request {
-            command: Command::Set { px_ms: Some(_), .. },
-            ..
-        })
-    )
-}
-
-/// Sends key notifications; shared by the apply hook and the request path (KEYNOTIFY).
-pub struct Notifier {
-    broker: Broker,
-    /// Most keys one connection may observe at once.
-    max_observed: usize,
-    observers: Mutex<Observers>,
-    /// Poked after an applied SET with a deadline: the earliest deadline may now be sooner
-    /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
-    /// snapshot installed from another member, which the loop's periodic look catches.
-    deadline_set: Notify,
-}
-
-impl Notifier {
-    pub fn new(broker: &Broker, max_observed: usize) -> Arc<Notifier> {
-        Arc::new(Notifier {
-            broker: broker.clone(),
-            max_observed,
-            observers: Mutex::new(Observers::default()),
-            deadline_set: Notify::new(),
-        })
-    }
-
-    /// The hook to install in the store: notifies observers of every applied change, and the
-    /// expiry loop of every new deadline. (Waking that loop after every write had cost a
-    /// thread wake-up per proposal on the raft thread, and a pass of the loop on a worker.)
-    pub fn hook(self: &Arc<Self>) -> ApplyHook {
-        let me = self.clone();
-        Arc::new(move |entry: &Entry, applied: &Applied| {
-            me.notify(applied);
-            if sets_deadline(entry) {
-                me.deadline_set.notify_one();
-            }
-        })
-    }
-
-    /// Sends every change's notification to every observer of the key.
-    fn notify(&self, applied: &Applied) {
-        for event in &applied.events {
-            let observers = self.observers.lock().observers_of(&event.key);
-            if observers.is_empty() {
-                continue;
-            }
-            let payload = event.notification().encode();
-            for client in observers {
-                let msg = OutboundMessage {
-                    topic: notification_topic(client.as_bytes(), &event.key),
-                    payload: payload.clone(),
-                    qos: QoS::AtLeastOnce,
-                    retain: false,
-                    properties: Properties {
-                        content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
-                        user_properties: vec![
-                            (
-                                PropStr::Borrowed(prop::TIMESTAMP),
-                                PropStr::Owned(event.version.to_text()),
-                            ),
-                            (
-                                PropStr::Borrowed(prop::PROTOCOL_VERSION),
-                                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
-                            ),
-                        ],
-                        ..Default::default()
-                    },
-                };
-                self.broker.deliver(&client, msg);
-            }
-        }
-    }
 }
 
 /// The running service.
@@ -220,13 +71,15 @@ impl StateStoreService {
             node,
             notifier,
         });
-        // The notification namespace is claimed too, so no client can publish forged
-        // notifications into it; the service drops whatever arrives there.
-        let notify_filter = format!("{NOTIFY_TOPIC_PREFIX}#");
-        broker.claim(
-            &[REQUEST_TOPIC, &notify_filter],
-            Arc::new(Handle(service.clone())),
-        );
+        // Notifications are the server's: no client publishes a forged one, nor subscribes by
+        // name to another client's.
+        broker.reserve(Reserved {
+            prefix: NOTIFY_TOPIC_PREFIX.to_owned(),
+            own: Box::new(|client_id| {
+                format!("{NOTIFY_TOPIC_PREFIX}{}/", hex_upper(client_id.as_bytes()))
+            }),
+        });
+        broker.claim(&[REQUEST_TOPIC], Arc::new(Handle(service.clone())));
         tokio::spawn(service.clone().expire_loop());
         service
     }
@@ -271,10 +124,6 @@ impl StateStoreService {
     /// future finishes when the write is durable and applied). The answer goes back to the
     /// connection, which publishes it in the order the requests arrived.
     fn request(&self, mut p: ServicePublish) -> Handled {
-        if p.topic != REQUEST_TOPIC {
-            tracing::warn!(client_id = %p.from.client_id, topic = %p.topic, "publish into the notification namespace dropped");
-            return Handled::Done(None);
-        }
         let (Some(response_topic), Some(correlation)) = (
             p.properties.response_topic.take(),
             p.properties.correlation_data.take(),
@@ -326,6 +175,11 @@ impl StateStoreService {
         if let Err(kind) = mqkv_store::validate(&request, now) {
             return Handled::Done(Some(respond(reply, &Response::Error(kind), None)));
         }
+        if !authorized(&request.command, &p.from) {
+            tracing::debug!(client_id = %p.from.client_id, command = request.command.verb(), "state store request not authorized");
+            let denied = Response::Error(mqkv_protocol::ErrorKind::NotAuthorized);
+            return Handled::Done(Some(respond(reply, &denied, None)));
+        }
         let answer = match &request.command {
             Command::KeyNotify { key, stop } => {
                 let mut observers = self.notifier.observers.lock();
@@ -352,15 +206,16 @@ impl StateStoreService {
                 // the request arrived.
                 let node = self.node.clone();
                 let ready = node.linearizable();
+                let who = p.from;
                 return Handled::Running(Box::pin(async move {
                     Some(match ready.await {
-                        Ok(()) => read(&node, &request.command, reply, now_ms()),
+                        Ok(()) => read(&node, &request.command, reply, now_ms(), &who),
                         Err(e) => unavailable(reply, &e.to_string()),
                     })
                 }));
             }
             Command::Get { .. } | Command::Scan { .. } => {
-                read(&self.node, &request.command, reply, now)
+                read(&self.node, &request.command, reply, now, &p.from)
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
                 let window = reply
@@ -392,8 +247,27 @@ impl StateStoreService {
     }
 }
 
+/// Whether the client may make this request: `Read` for GET and KEYNOTIFY, `Write` for SET,
+/// DEL and VDEL. SCAN lists only the keys the client may read, and ending an observation
+/// needs no grant.
+fn authorized(command: &Command, who: &ClientIdentity) -> bool {
+    match command {
+        Command::Get { key } | Command::KeyNotify { key, stop: false } => who.may_use(key, false),
+        Command::Set { key, .. } | Command::Del { key } | Command::VDel { key, .. } => {
+            who.may_use(key, true)
+        }
+        Command::KeyNotify { stop: true, .. } | Command::Scan { .. } => true,
+    }
+}
+
 /// Answers a GET or SCAN from the applied state.
-fn read(node: &StoreNode, command: &Command, reply: Reply, now: u64) -> OutboundMessage {
+fn read(
+    node: &StoreNode,
+    command: &Command,
+    reply: Reply,
+    now: u64,
+    who: &ClientIdentity,
+) -> OutboundMessage {
     match command {
         Command::Get { key } => {
             // Encoded straight from the stored value, which is not copied first, and its
@@ -410,7 +284,11 @@ fn read(node: &StoreNode, command: &Command, reply: Reply, now: u64) -> Outbound
             }
         }
         Command::Scan { pattern, token } => {
-            let page = node.read(|m| m.scan(pattern, token.as_deref(), now));
+            let page = node.read(|m| {
+                m.scan_where(pattern, token.as_deref(), now, |key| {
+                    who.may_use(key, false)
+                })
+            });
             respond(reply, &page, None)
         }
         other => {
@@ -541,46 +419,5 @@ impl Service for Handle {
             .observers
             .lock()
             .connection_closed(who.connection_id);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(command: Command) -> Entry {
-        Entry {
-            now_ms: 1,
-            op: Op::Request(Request {
-                command,
-                ts: None,
-                ft: None,
-                dedup: None,
-            }),
-        }
-    }
-
-    fn set(px_ms: Option<u64>) -> Command {
-        Command::Set {
-            key: Bytes::from_static(b"k"),
-            value: Bytes::from_static(b"v"),
-            condition: None,
-            px_ms,
-        }
-    }
-
-    /// Only a SET with a deadline can bring the earliest deadline forward, so only it wakes
-    /// the expiry loop.
-    #[test]
-    fn only_a_set_with_a_deadline_wakes_the_expiry_loop() {
-        assert!(sets_deadline(&request(set(Some(300)))));
-        assert!(!sets_deadline(&request(set(None))));
-        assert!(!sets_deadline(&request(Command::Del {
-            key: Bytes::from_static(b"k")
-        })));
-        assert!(!sets_deadline(&Entry {
-            now_ms: 1,
-            op: Op::ExpireDue
-        }));
     }
 }

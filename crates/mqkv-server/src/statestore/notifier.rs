@@ -1,0 +1,240 @@
+//! Key notifications: who observes which keys, and the notifications every applied change
+//! sends them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use mqkv_broker::access::Policy;
+use mqkv_broker::codec::{PropStr, Properties, QoS};
+use mqkv_broker::{Broker, ClientIdentity, OutboundMessage};
+use mqkv_protocol::properties as prop;
+use mqkv_protocol::{notification_topic, Command};
+use mqkv_raft::ApplyHook;
+use mqkv_store::{Applied, Entry, Op, Request};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// Who observes which keys, per connection.
+#[derive(Default)]
+pub(super) struct Observers {
+    by_key: HashMap<Bytes, HashMap<Arc<str>, u64>>,
+    by_connection: HashMap<u64, Observed>,
+}
+
+/// What one connection observes.
+struct Observed {
+    who: ClientIdentity,
+    keys: HashSet<Bytes>,
+}
+
+impl Observers {
+    /// Registers `who` as an observer of `key`, unless its connection already observes `max`
+    /// other keys; returns whether it observes the key now.
+    pub(super) fn start(&mut self, who: &ClientIdentity, key: &Bytes, max: usize) -> bool {
+        let on_connection = self.by_connection.get(&who.connection_id);
+        if on_connection.is_some_and(|o| o.keys.len() >= max && !o.keys.contains(key)) {
+            return false;
+        }
+        self.by_key
+            .entry(key.clone())
+            .or_default()
+            .insert(who.client_id.clone(), who.connection_id);
+        self.by_connection
+            .entry(who.connection_id)
+            .or_insert_with(|| Observed {
+                who: who.clone(),
+                keys: HashSet::new(),
+            })
+            .keys
+            .insert(key.clone());
+        true
+    }
+
+    /// Returns whether the key was observed by this client.
+    pub(super) fn stop(&mut self, who: &ClientIdentity, key: &Bytes) -> bool {
+        let Some(clients) = self.by_key.get_mut(key) else {
+            return false;
+        };
+        let Some(conn) = clients.remove(&who.client_id) else {
+            return false;
+        };
+        if clients.is_empty() {
+            self.by_key.remove(key);
+        }
+        if let Some(observed) = self.by_connection.get_mut(&conn) {
+            observed.keys.remove(key);
+            if observed.keys.is_empty() {
+                self.by_connection.remove(&conn);
+            }
+        }
+        true
+    }
+
+    /// Ends the observations that `policy` (just put in force) no longer allows.
+    pub(super) fn apply_policy(&mut self, policy: &dyn Policy) {
+        let mut ended = Vec::new();
+        for observed in self.by_connection.values() {
+            let who = &observed.who;
+            let grants = policy.grants(&who.client_id, &who.principal);
+            for key in &observed.keys {
+                if !grants.may_use(key, false) {
+                    ended.push((who.clone(), key.clone()));
+                }
+            }
+        }
+        for (who, key) in ended {
+            tracing::info!(client_id = %who.client_id, "key observation no longer allowed by the policy: ended");
+            self.stop(&who, &key);
+        }
+    }
+
+    /// Drops every registration made on a connection that has closed.
+    pub(super) fn connection_closed(&mut self, connection_id: u64) {
+        let Some(observed) = self.by_connection.remove(&connection_id) else {
+            return;
+        };
+        for key in observed.keys {
+            if let Some(clients) = self.by_key.get_mut(&key) {
+                clients.retain(|_, c| *c != connection_id);
+                if clients.is_empty() {
+                    self.by_key.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
+        self.by_key
+            .get(key)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// True for a SET with a deadline, applied or not.
+pub(super) fn sets_deadline(entry: &Entry) -> bool {
+    matches!(
+        &entry.op,
+        Op::Request(Request {
+            command: Command::Set { px_ms: Some(_), .. },
+            ..
+        })
+    )
+}
+
+/// Sends key notifications; shared by the apply hook and the request path (KEYNOTIFY).
+pub struct Notifier {
+    broker: Broker,
+    /// Most keys one connection may observe at once.
+    pub(super) max_observed: usize,
+    pub(super) observers: Mutex<Observers>,
+    /// Poked after an applied SET with a deadline: the earliest deadline may now be sooner
+    /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
+    /// snapshot installed from another member, which the loop's periodic look catches.
+    pub(super) deadline_set: Notify,
+}
+
+impl Notifier {
+    pub fn new(broker: &Broker, max_observed: usize) -> Arc<Notifier> {
+        Arc::new(Notifier {
+            broker: broker.clone(),
+            max_observed,
+            observers: Mutex::new(Observers::default()),
+            deadline_set: Notify::new(),
+        })
+    }
+
+    /// The hook to install in the store: notifies observers of every applied change, and the
+    /// expiry loop of every new deadline. (Waking that loop after every write had cost a
+    /// thread wake-up per proposal on the raft thread, and a pass of the loop on a worker.)
+    pub fn hook(self: &Arc<Self>) -> ApplyHook {
+        let me = self.clone();
+        Arc::new(move |entry: &Entry, applied: &Applied| {
+            me.notify(applied);
+            if sets_deadline(entry) {
+                me.deadline_set.notify_one();
+            }
+        })
+    }
+
+    /// Ends the key observations `policy` (just put in force) no longer allows.
+    pub fn apply_policy(&self, policy: &dyn Policy) {
+        self.observers.lock().apply_policy(policy);
+    }
+
+    /// Sends every change's notification to every observer of the key.
+    fn notify(&self, applied: &Applied) {
+        for event in &applied.events {
+            let observers = self.observers.lock().observers_of(&event.key);
+            if observers.is_empty() {
+                continue;
+            }
+            let payload = event.notification().encode();
+            for client in observers {
+                let msg = OutboundMessage {
+                    topic: notification_topic(client.as_bytes(), &event.key),
+                    payload: payload.clone(),
+                    qos: QoS::AtLeastOnce,
+                    retain: false,
+                    properties: Properties {
+                        content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
+                        user_properties: vec![
+                            (
+                                PropStr::Borrowed(prop::TIMESTAMP),
+                                PropStr::Owned(event.version.to_text()),
+                            ),
+                            (
+                                PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
+                            ),
+                        ],
+                        ..Default::default()
+                    },
+                };
+                self.broker.deliver(&client, msg);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(command: Command) -> Entry {
+        Entry {
+            now_ms: 1,
+            op: Op::Request(Request {
+                command,
+                ts: None,
+                ft: None,
+                dedup: None,
+            }),
+        }
+    }
+
+    fn set(px_ms: Option<u64>) -> Command {
+        Command::Set {
+            key: Bytes::from_static(b"k"),
+            value: Bytes::from_static(b"v"),
+            condition: None,
+            px_ms,
+        }
+    }
+
+    /// Only a SET with a deadline can bring the earliest deadline forward, so only it wakes
+    /// the expiry loop.
+    #[test]
+    fn only_a_set_with_a_deadline_wakes_the_expiry_loop() {
+        assert!(sets_deadline(&request(set(Some(300)))));
+        assert!(!sets_deadline(&request(set(None))));
+        assert!(!sets_deadline(&request(Command::Del {
+            key: Bytes::from_static(b"k")
+        })));
+        assert!(!sets_deadline(&Entry {
+            now_ms: 1,
+            op: Op::ExpireDue
+        }));
+    }
+}
