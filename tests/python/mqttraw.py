@@ -257,6 +257,11 @@ def unsubscribe(packet_id: int, filters: list[str], *, version: int = V5) -> byt
     return packet(0xA2, body)
 
 
+def auth(reason: int, props: list | None = None) -> bytes:
+    """AUTH (MQTT 5 only)."""
+    return packet(AUTH << 4, bytes([reason]) + properties(props))
+
+
 def pingreq() -> bytes:
     return b"\xc0\x00"
 

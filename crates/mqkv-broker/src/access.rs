@@ -24,6 +24,9 @@ pub struct Principal {
     pub username: Option<Arc<str>>,
     /// Attributes from the client's certificate or token, sorted by name.
     pub attributes: Vec<(Arc<str>, Arc<str>)>,
+    /// When the credential it was proven with expires (a token's `exp`, Unix seconds): the
+    /// connection ends then unless the client re-authenticates.
+    pub expires_at: Option<u64>,
 }
 
 impl Principal {
@@ -32,6 +35,7 @@ impl Principal {
         Principal {
             username: Some(name.into()),
             attributes: Vec::new(),
+            expires_at: None,
         }
     }
 

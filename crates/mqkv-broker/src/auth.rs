@@ -4,9 +4,10 @@
 //! verified to an [`Authenticator`]; the default one accepts the users of a password file
 //! ([`crate::passwords`]), clients with a verified certificate (as the certificate's common
 //! name, or its subject), and anonymous clients only on loopback listeners unless configured
-//! otherwise. Enhanced authentication (AUTH exchanges) is not offered, so any Authentication
-//! Method is refused with 0x8C. Password checks run off the connection threads, and an address
-//! that keeps failing is answered ever more slowly ([`Throttle`]).
+//! otherwise, and tokens sent with the authentication method `K8S-SAT` ([`crate::tokens`]);
+//! any other authentication method is refused with 0x8C. Password checks run off the
+//! connection threads, and an address that keeps failing is answered ever more slowly
+//! ([`Throttle`]).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -27,6 +28,8 @@ pub struct AuthRequest<'a> {
     pub username: Option<&'a str>,
     pub password: Option<&'a Bytes>,
     pub authentication_method: Option<&'a str>,
+    /// The authentication data of CONNECT (or of a re-authenticating AUTH).
+    pub authentication_data: Option<&'a Bytes>,
     /// The client certificate TLS verified, on a TLS listener that asks for one.
     pub certificate: Option<&'a crate::transport::PeerCertificate>,
     pub peer: SocketAddr,
@@ -114,6 +117,9 @@ pub struct DefaultAuthenticator {
     pub passwords: Arc<PasswordStore>,
     /// Attributes that certificates give their holders.
     pub certificate_attributes: Vec<SubjectAttributes>,
+    /// How tokens (authentication method `K8S-SAT`) are checked; without a verifier in it,
+    /// tokens are refused.
+    pub tokens: Arc<crate::tokens::TokenStore>,
 }
 
 impl DefaultAuthenticator {
@@ -148,8 +154,26 @@ impl DefaultAuthenticator {
 
 impl Authenticator for DefaultAuthenticator {
     fn authenticate(&self, req: &AuthRequest<'_>) -> Result<Principal, u8> {
-        if req.authentication_method.is_some() {
-            return Err(reason::BAD_AUTHENTICATION_METHOD);
+        // Each method in turn, if the CONNECT is for it: a token, a password, a certificate,
+        // none.
+        if let Some(method) = req.authentication_method {
+            let verifier = self.tokens.current();
+            return match (method, verifier) {
+                (crate::tokens::K8S_SAT, Some(verifier)) => {
+                    let data = req.authentication_data.map_or(&b""[..], |d| &d[..]);
+                    match verifier.verify(data) {
+                        Ok((mut principal, exp)) => {
+                            principal.expires_at = Some(exp);
+                            Ok(principal)
+                        }
+                        Err(e) => {
+                            tracing::info!(client_id = req.client_id, peer = %req.peer, error = %e, "token refused");
+                            Err(reason::NOT_AUTHORIZED)
+                        }
+                    }
+                }
+                _ => Err(reason::BAD_AUTHENTICATION_METHOD),
+            };
         }
         let passwords = self.passwords.current();
         if let Some(name) = req.username {
@@ -253,6 +277,7 @@ mod tests {
             allow_anonymous,
             passwords: Arc::new(PasswordStore::new(passwords)),
             certificate_attributes: Vec::new(),
+            tokens: Arc::default(),
         }
     }
 
@@ -262,6 +287,7 @@ mod tests {
             username: user,
             password: pw,
             authentication_method: None,
+            authentication_data: None,
             certificate: None,
             peer: "10.0.0.2:5000".parse().unwrap(),
             local: local.parse().unwrap(),

@@ -41,6 +41,7 @@ impl Broker {
             allow_anonymous: config.allow_anonymous,
             passwords,
             certificate_attributes: Vec::new(),
+            tokens: Arc::default(),
         };
         Broker::with_authenticator(config, Arc::new(auth))
     }

@@ -25,6 +25,7 @@ mod saved;
 pub mod service;
 mod session;
 pub mod subtree;
+pub mod tokens;
 pub mod topic;
 pub mod transport;
 

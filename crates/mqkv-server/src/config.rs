@@ -75,6 +75,41 @@ pub struct CertificateAttributes {
     pub attributes: std::collections::BTreeMap<String, String>,
 }
 
+/// How tokens are checked: the `[tokens]` table.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TokenConfig {
+    /// PEM public keys (RSA, EC or Ed25519) that sign accepted tokens.
+    pub keys: Vec<PathBuf>,
+    /// A JWKS file with the keys (a Kubernetes API server's `/openid/v1/jwks`).
+    pub jwks: Option<PathBuf>,
+    /// Issuers accepted; empty: any.
+    pub issuers: Vec<String>,
+    /// Audiences accepted; empty: any.
+    pub audiences: Vec<String>,
+    /// The claim that names the user (default `sub`).
+    pub username_claim: Option<String>,
+    /// Attribute name to claim path (`kubernetes.io.namespace`). Default: `namespace` and
+    /// `serviceaccount` from a Kubernetes service account token.
+    pub attribute_claims: std::collections::BTreeMap<String, String>,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_secs: u64,
+}
+
+impl TokenConfig {
+    pub fn settings(&self) -> mqkv_broker::tokens::TokenSettings {
+        mqkv_broker::tokens::TokenSettings {
+            keys: self.keys.clone(),
+            jwks: self.jwks.clone(),
+            issuers: self.issuers.clone(),
+            audiences: self.audiences.clone(),
+            username_claim: self.username_claim.clone(),
+            attribute_claims: self.attribute_claims.clone(),
+            leeway_secs: self.leeway_secs,
+        }
+    }
+}
+
 /// Membership of a cluster: the `[cluster]` table.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -233,6 +268,8 @@ pub struct ServerConfig {
     /// Attributes client certificates give their holders: `[[certificate_attributes]]` tables
     /// with a `subject` and an `attributes` table.
     pub certificate_attributes: Vec<CertificateAttributes>,
+    /// Token authentication (authentication method `K8S-SAT`): the `[tokens]` table.
+    pub tokens: Option<TokenConfig>,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub broker: BrokerConfig,
@@ -282,6 +319,7 @@ impl Default for ServerConfig {
             password_file: None,
             policy: None,
             certificate_attributes: Vec::new(),
+            tokens: None,
             data_dir: PathBuf::from("./mqkv-data"),
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),

@@ -34,6 +34,8 @@ pub struct Server {
     passwords: Option<(std::path::PathBuf, Arc<mqkv_broker::auth::PasswordStore>)>,
     /// The policy file, reloaded by [`Server::reload`].
     policy: Option<std::path::PathBuf>,
+    /// The token settings and the keys read for them, reloaded by [`Server::reload`].
+    tokens: Option<(config::TokenConfig, Arc<mqkv_broker::tokens::TokenStore>)>,
     /// Key observations, which a new policy may end.
     notifier: Arc<statestore::Notifier>,
     saver: Option<persistence::Saver>,
@@ -60,6 +62,8 @@ pub enum StartError {
     Passwords(#[from] mqkv_broker::passwords::PasswordFileError),
     #[error(transparent)]
     Policy(#[from] policy::PolicyError),
+    #[error("token authentication: {0}")]
+    Tokens(#[from] mqkv_broker::tokens::TokenSetupError),
     #[error("plain-text passwords in the configuration ([[broker.users]]) are not accepted: make a password file with `mqkv passwd FILE USER` and give it as password_file (or --password-file)")]
     PlainPasswords,
     #[error("cannot listen on {addr}: {source}")]
@@ -98,7 +102,15 @@ impl Server {
             Some(path) => Some((path.clone(), Arc::new(policy::Policy::load(path)?))),
             None => None,
         };
+        let tokens = match &config.tokens {
+            Some(t) => {
+                let verifier = mqkv_broker::tokens::TokenVerifier::load(&t.settings())?;
+                Arc::new(mqkv_broker::tokens::TokenStore::new(verifier))
+            }
+            None => Arc::default(),
+        };
         let auth = mqkv_broker::auth::DefaultAuthenticator {
+            tokens: tokens.clone(),
             allow_anonymous: broker_config.allow_anonymous,
             passwords: store,
             certificate_attributes: config
@@ -251,6 +263,7 @@ impl Server {
             tls,
             passwords,
             policy: policy.map(|(path, _)| path),
+            tokens: config.tokens.clone().map(|t| (t, tokens)),
             notifier,
             saver,
             node,
@@ -272,6 +285,18 @@ impl Server {
                 Err(e) => {
                     failed += 1;
                     tracing::error!(error = %e, "password file reload failed; the previous users stay");
+                }
+            }
+        }
+        if let Some((settings, store)) = &self.tokens {
+            match mqkv_broker::tokens::TokenVerifier::load(&settings.settings()) {
+                Ok(verifier) => {
+                    store.replace(verifier);
+                    tracing::info!("token keys reloaded");
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::error!(error = %e, "token keys reload failed; the previous keys stay");
                 }
             }
         }

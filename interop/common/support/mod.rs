@@ -57,6 +57,9 @@ pub struct Server {
     /// Set for a server started with [`Server::start_with_password`]: the user name and the
     /// file holding its password, as the SDK takes them.
     pub credentials: Option<(String, PathBuf)>,
+    /// Set for a server started with [`Server::start_with_tokens`]: the token file the SDK
+    /// reads (and watches).
+    pub sat_file: Option<PathBuf>,
 }
 
 /// What an SDK client needs to reach a mutual TLS listener: the CA that signed the server's
@@ -162,6 +165,7 @@ impl Server {
                 work_dir,
                 tls: None,
                 credentials: None,
+                sat_file: None,
             };
         };
         assert!(
@@ -211,6 +215,7 @@ impl Server {
             work_dir,
             tls: None,
             credentials: None,
+            sat_file: None,
         }
     }
 
@@ -244,6 +249,7 @@ impl Server {
                 key: work_dir.join("client.key"),
             }),
             credentials: None,
+            sat_file: None,
             work_dir,
         }
     }
@@ -284,9 +290,109 @@ impl Server {
             log_path,
             tls: None,
             credentials: Some(("app".to_owned(), work_dir.join("app.password"))),
+            sat_file: None,
             work_dir,
         }
     }
+
+    /// Starts a single server that accepts only tokens signed by a key made for the test
+    /// (RSA, with the openssl command), with audience `aio-internal`, and lets the service
+    /// accounts of namespace `interop` use the state store through a policy. The SDK reads
+    /// its token from [`Server::sat_file`], which starts with a token valid for `lifetime`
+    /// ([`Server::write_token`] replaces it).
+    pub fn start_with_tokens(name: &str, lifetime: Duration) -> Server {
+        let (bin, log_path, work_dir) = prepare(name);
+        openssl(&work_dir, "genrsa -out signer.key 2048");
+        openssl(&work_dir, "rsa -in signer.key -pubout -out signer.pub");
+        std::fs::write(
+            work_dir.join("mqkv.toml"),
+            "[tokens]\nkeys = [\"signer.pub\"]\naudiences = [\"aio-internal\"]\n",
+        )
+        .expect("write the configuration");
+        let notify = format!("{NOTIFY_PREFIX}#");
+        let policy = format!(
+            "- principals:\n    attributes: [{{ namespace: interop }}]\n  brokerResources:\n    \
+             - method: Connect\n    - method: Publish\n      topics: [\"statestore/#\"]\n    \
+             - method: Subscribe\n      topics: [\"clients/{{principal.clientId}}/#\", \"{notify}\"]\n  \
+             stateStoreResources:\n    - method: ReadWrite\n      keyType: Pattern\n      \
+             keys: [\"{{principal.attributes.serviceaccount}}/*\"]\n"
+        );
+        std::fs::write(work_dir.join("policy.yaml"), policy).expect("write the policy");
+        let args = [
+            "serve",
+            "-c",
+            "mqkv.toml",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            "policy.yaml",
+            "--allow-anonymous",
+            "false",
+        ];
+        let (child, port) = spawn(&bin, &args, &work_dir, &log_path, "");
+        let server = Server {
+            children: vec![child],
+            port,
+            log_path,
+            tls: None,
+            credentials: None,
+            sat_file: Some(work_dir.join("token")),
+            work_dir,
+        };
+        server.write_token("app", lifetime);
+        server
+    }
+
+    /// Writes a new token for service account `account` of namespace `interop`, valid for
+    /// `lifetime`, to [`Server::sat_file`].
+    pub fn write_token(&self, account: &str, lifetime: Duration) {
+        let path = self
+            .sat_file
+            .as_ref()
+            .expect("a server started with tokens");
+        let exp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs()
+            + lifetime.as_secs();
+        let header = base64url(br#"{"alg":"RS256","typ":"JWT"}"#);
+        let claims = format!(
+            r#"{{"iss":"interop","aud":["aio-internal"],"sub":"system:serviceaccount:interop:{account}","exp":{exp},"kubernetes.io":{{"namespace":"interop","serviceaccount":{{"name":"{account}"}}}}}}"#
+        );
+        let signing_input = format!("{header}.{}", base64url(claims.as_bytes()));
+        std::fs::write(self.work_dir.join("signing-input"), &signing_input).expect("write");
+        openssl(
+            &self.work_dir,
+            "dgst -sha256 -sign signer.key -out signature signing-input",
+        );
+        let signature = std::fs::read(self.work_dir.join("signature")).expect("signature");
+        // Written whole, then moved into place, as Kubernetes updates a projected token.
+        let fresh = self.work_dir.join("token.new");
+        std::fs::write(&fresh, format!("{signing_input}.{}", base64url(&signature)))
+            .expect("write the token");
+        std::fs::rename(&fresh, path).expect("replace the token");
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+/// Base64url without padding, as JSON Web Tokens use it.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
 }
 
 /// Starts `bin` with `args` in `dir`, standard error to `log`; returns it with the port of its
@@ -480,6 +586,9 @@ impl AioClient {
             settings = settings
                 .username(Some(user.clone()))
                 .password_file(Some(file.display().to_string()));
+        }
+        if let Some(file) = &server.sat_file {
+            settings = settings.sat_file(Some(file.display().to_string()));
         }
         if let Some(tls) = &server.tls {
             let path = |p: &PathBuf| Some(p.display().to_string());

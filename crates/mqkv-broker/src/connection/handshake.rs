@@ -176,6 +176,11 @@ pub(crate) async fn run(
         password: connect.password.as_ref(),
         certificate: certificate.as_ref(),
         authentication_method: connect.properties.authentication_method(),
+        authentication_data: connect
+            .properties
+            .rare
+            .as_ref()
+            .and_then(|r| r.authentication_data.as_ref()),
         peer,
         local,
     };
@@ -187,6 +192,7 @@ pub(crate) async fn run(
             connect.password.clone(),
         );
         let method = request.authentication_method.map(str::to_owned);
+        let data = request.authentication_data.cloned();
         let certificate = certificate.clone();
         tokio::task::spawn_blocking(move || {
             auth.authenticate(&AuthRequest {
@@ -195,6 +201,7 @@ pub(crate) async fn run(
                 password: password.as_ref(),
                 certificate: certificate.as_ref(),
                 authentication_method: method.as_deref(),
+                authentication_data: data.as_ref(),
                 peer,
                 local,
             })
@@ -303,10 +310,17 @@ pub(crate) async fn run(
     inner.authorize_session(&attached.session, &principal, grants.as_deref());
     let session = attached.session;
 
-    let props = match v5 {
+    let mut props = match v5 {
         true => negotiate::connack_properties(&granted, &connect, cfg, assigned, &client_id),
         false => Properties::default(),
     };
+    let auth_method = connect
+        .properties
+        .authentication_method()
+        .map(str::to_owned);
+    if let Some(method) = &auth_method {
+        props.rare_mut().authentication_method = Some(method.clone());
+    }
     session.send_control(
         conn_id,
         Packet::ConnAck(ConnAck {
@@ -317,6 +331,7 @@ pub(crate) async fn run(
     );
     tracing::debug!(%peer, client_id = %client_id, level, "client connected");
 
+    let principal_expiry = principal.expires_at;
     let ident = identity(&client_id, principal, grants, peer, conn_id);
     for service in inner.services() {
         service.on_connect(&ident);
@@ -336,6 +351,10 @@ pub(crate) async fn run(
         client_id: client_id.clone(),
         ident: ident.clone(),
         policy_generation,
+        auth_method,
+        credential_expires: super::reauth::expiry_instant(principal_expiry),
+        expiry_changed: false,
+        local,
         aliases: Vec::new(),
         session_expiry: expiry,
         will,

@@ -25,6 +25,7 @@ mod packets;
 mod publish;
 mod read_room;
 mod reading;
+mod reauth;
 #[cfg(test)]
 mod tests;
 mod writing;
@@ -76,6 +77,16 @@ pub(super) struct Conn {
     ident: crate::service::ClientIdentity,
     /// The policy generation `ident`'s grants were worked out under.
     policy_generation: u64,
+    /// The authentication method of CONNECT, which re-authentication must use too.
+    auth_method: Option<String>,
+    /// When the credential the client authenticated with expires: the connection ends then
+    /// unless the client re-authenticates.
+    credential_expires: Option<Instant>,
+    /// Set when re-authentication moved `credential_expires`: the read loop's timer is set
+    /// again.
+    expiry_changed: bool,
+    /// The address the client connected to.
+    local: std::net::SocketAddr,
     /// Inbound topic aliases, indexed by alias - 1.
     aliases: Vec<Option<String>>,
     session_expiry: u32,

@@ -134,7 +134,7 @@ impl Conn {
                 }
                 Packet::PingReq => self.send(Packet::PingResp),
                 Packet::Disconnect(d) => return Ok(Step::Disconnect(Box::new(d))),
-                Packet::Auth(_) => return Err(Violation(reason::PROTOCOL_ERROR)),
+                Packet::Auth(a) => self.auth(a)?,
                 Packet::Connect(_)
                 | Packet::ConnAck(_)
                 | Packet::SubAck(_)

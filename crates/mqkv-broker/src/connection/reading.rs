@@ -78,7 +78,11 @@ impl Conn {
             (None, Some(p)) => p,
             (None, None) => Duration::MAX,
         };
-        let mut idle = std::pin::pin!(tokio::time::sleep(check_every(ka)));
+        // A credential that expires (a token) is checked by the same timer.
+        let first_check = self.credential_expires.map_or(check_every(ka), |at| {
+            check_every(ka).min(at.saturating_duration_since(Instant::now()))
+        });
+        let mut idle = std::pin::pin!(tokio::time::sleep(first_check));
         // Polled to register this task with the timer, then only once it has fired (a look at
         // its state), like the events below: a poll on every pass took the task's cooperative
         // budget and looked at the timer's waker each time.
@@ -126,6 +130,14 @@ impl Conn {
                 };
                 self.flush_inline();
                 skip_queued = self.front_fresh;
+                if std::mem::take(&mut self.expiry_changed) {
+                    if let Some(at) = self.credential_expires {
+                        if at < idle.deadline().into_std() {
+                            idle.as_mut().reset(at.into());
+                            idle_registered = false;
+                        }
+                    }
+                }
                 match processed {
                     Ok(None) => {}
                     Ok(Some(end)) => break end,
@@ -222,8 +234,14 @@ impl Conn {
                 () = std::future::poll_fn(|cx| {
                     let fired = idle.is_elapsed();
                     poll_event(idle.as_mut(), &mut idle_registered, fired, cx)
-                }), if ka.is_some() || packet_timeout.is_some() => {
+                }), if ka.is_some() || packet_timeout.is_some() || self.credential_expires.is_some() => {
                     let now = Instant::now();
+                    if self.credential_expired(now) {
+                        tracing::info!(client_id = %self.client_id, "credential expired without re-authentication");
+                        self.close_with(reason::MAXIMUM_CONNECT_TIME);
+                        told = true;
+                        break End::Abnormal;
+                    }
                     let stalled = match (partial_since, packet_timeout) {
                         (Some(since), Some(limit)) => now >= since + limit,
                         _ => false,
@@ -238,8 +256,9 @@ impl Conn {
                     }
                     let deadline = match ka {
                         Some(k) => (last + k).min(now + check_every(None).min(k)),
-                        None => now + check_every(None),
+                        None => now.checked_add(check_every(None)).unwrap_or(now + Duration::from_secs(86_400)),
                     };
+                    let deadline = self.credential_expires.map_or(deadline, |at| deadline.min(at));
                     idle.as_mut().reset(deadline.into());
                     idle_registered = false;
                     // At most once per keep alive period: a good time to give back a buffer
