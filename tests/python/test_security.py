@@ -339,3 +339,38 @@ attributes = {{ building = "17" }}
     denied_sub = run(["mosquitto_sub", "-h", HOST, "-p", port, "-V", "mqttv5", "-u", "bob",
                       "-P", "bob-pw", "-t", "other/#", "-C", "1", "-W", "5"])
     assert "all subscription requests were denied" in (denied_sub.stdout + denied_sub.stderr).decode().lower(), denied_sub
+
+
+def test_limits_per_client(mqkv):
+    server = mqkv(config="""
+[broker]
+max_connections_per_address = 2
+
+[state_store]
+max_requests_per_second = 5
+max_observed_keys = 2
+""")
+    # Connections per address: the third from 127.0.0.1 is refused with 0x97 (Quota exceeded).
+    first = Paho(server, "first")
+    second = Paho(server, "second")
+    Paho(server, "third", expect_rc=0x97)
+    second.disconnect()
+
+    def connects(client_id):
+        # A closed connection stops counting once the server has finished with it.
+        c = Paho(server, client_id, expect_rc=None)
+        return c if c.connack and c.connack[0] == 0 else None
+
+    fourth = wait_for(lambda: connects("fourth"), what="room for a new connection")
+    # Requests per second: a second's worth at once, then refusals.
+    store = StoreClient(first, "first")
+    answers = [store.set(f"k{i}", "v") for i in range(10)]
+    quota = b"-ERR the quota has been exceeded\r\n"
+    assert answers.count(b"+OK\r\n") >= 4, answers
+    assert answers.count(quota) >= 4, answers
+    assert set(answers) <= {b"+OK\r\n", quota}, answers
+    # Observed keys per connection (a fresh connection: its own request budget).
+    fourth.disconnect()
+    watcher = StoreClient(wait_for(lambda: connects("watcher"), what="room"), "watcher")
+    assert [watcher.request("KEYNOTIFY", k) for k in ("a", "b", "c")] == [
+        b"+OK\r\n", b"+OK\r\n", quota]

@@ -63,6 +63,9 @@ pub struct BrokerConfig {
     /// Most sessions, connected or kept for a disconnected client; a client that would start
     /// one more gets CONNACK 0x97 (Quota exceeded).
     pub max_sessions: usize,
+    /// Most connections open at once from one IP address (counted from the moment they are
+    /// accepted); one more gets CONNACK 0x97 (Quota exceeded). 0: no limit.
+    pub max_connections_per_address: u32,
 }
 
 impl BrokerConfig {
@@ -102,6 +105,7 @@ impl Default for BrokerConfig {
             max_retained_messages: 100_000,
             max_retained_bytes: 256 * 1024 * 1024,
             max_sessions: 100_000,
+            max_connections_per_address: 0,
         }
     }
 }

@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     pub(crate) reserved: RwLock<Vec<Arc<crate::access::Reserved>>>,
     /// Publishes and subscriptions refused by the policy or a reserved namespace.
     pub(crate) denied: AtomicU64,
+    /// Open connections per address, when they are limited.
+    pub(crate) per_address: Mutex<HashMap<std::net::IpAddr, u32>>,
     /// Takeovers whose old connection did not answer within [`HANDOVER_WAIT`].
     pub(crate) handovers_unanswered: AtomicU64,
     pub(crate) threads: ConnThreads,
@@ -136,6 +138,7 @@ impl Inner {
             policy: crate::access::PolicySlot::default(),
             reserved: RwLock::new(Vec::new()),
             denied: AtomicU64::new(0),
+            per_address: Mutex::new(HashMap::new()),
             threads,
         }
     }

@@ -217,7 +217,12 @@ impl Server {
                 node.write(entry).await.map_err(StartError::Limits)?;
             }
         }
-        statestore::StateStoreService::start(&broker, node.clone(), notifier.clone());
+        statestore::StateStoreService::start(
+            &broker,
+            node.clone(),
+            notifier.clone(),
+            store.max_requests_per_second,
+        );
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
         admin::AdminService::start(&broker, node.clone(), fault_injection);
         if node.is_clustered() {

@@ -3,7 +3,6 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,8 +33,7 @@ pub(crate) async fn run(
     local: SocketAddr,
     transport: Arc<Transport>,
 ) {
-    inner.live_connections.fetch_add(1, Ordering::Relaxed);
-    let live = LiveGuard(inner.clone());
+    let (live, over_limit) = LiveGuard::new(inner.clone(), peer.ip());
     tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
     let max_in = inner.config.max_packet_size as usize;
     // A WebSocket message may carry a whole packet and the start of the next.
@@ -118,6 +116,13 @@ pub(crate) async fn run(
         .encode(&mut out, level);
         out
     };
+
+    if over_limit {
+        tracing::info!(%peer, "connection refused: too many connections from this address");
+        let out = refuse(reason::QUOTA_EXCEEDED).await;
+        send_and_close(&mut wr, out).await;
+        return;
+    }
 
     // Client identifier.
     let mut assigned = None;

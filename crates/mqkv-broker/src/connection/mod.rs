@@ -48,12 +48,58 @@ use read_room::ReadRoom;
 use writing::Writer;
 
 /// Counts the connection as live for as long as it exists.
-pub(super) struct LiveGuard(Arc<Inner>);
+/// Counts a connection as live (and, under a per-address limit, against its address) until it
+/// ends.
+pub(super) struct LiveGuard {
+    inner: Arc<Inner>,
+    /// The address counted in `Inner::per_address`, if it is.
+    counted: Option<std::net::IpAddr>,
+}
+
+impl LiveGuard {
+    /// Counts a new connection from `ip`; the second value says whether the address is over
+    /// its limit with it.
+    pub(super) fn new(inner: Arc<Inner>, ip: std::net::IpAddr) -> (LiveGuard, bool) {
+        inner.live_connections.fetch_add(1, Ordering::Relaxed);
+        let limit = inner.config.max_connections_per_address;
+        if limit == 0 {
+            return (
+                LiveGuard {
+                    inner,
+                    counted: None,
+                },
+                false,
+            );
+        }
+        let over = {
+            let mut per_address = inner.per_address.lock();
+            let n = per_address.entry(ip).or_insert(0);
+            *n += 1;
+            *n > limit
+        };
+        (
+            LiveGuard {
+                inner,
+                counted: Some(ip),
+            },
+            over,
+        )
+    }
+}
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
-        self.0.live_connections.fetch_sub(1, Ordering::Relaxed);
-        self.0.connection_closed.notify_waiters();
+        if let Some(ip) = self.counted {
+            let mut per_address = self.inner.per_address.lock();
+            if let Some(n) = per_address.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    per_address.remove(&ip);
+                }
+            }
+        }
+        self.inner.live_connections.fetch_sub(1, Ordering::Relaxed);
+        self.inner.connection_closed.notify_waiters();
     }
 }
 

@@ -14,6 +14,7 @@
 //! notification first.
 
 mod notifier;
+mod rate;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -56,20 +57,26 @@ pub struct StateStoreService {
     broker: Broker,
     node: StoreNode,
     notifier: Arc<Notifier>,
+    /// Requests per second per connection, when limited.
+    rate: Option<rate::RateLimit>,
 }
 
 impl StateStoreService {
     /// Claims the request topic on `broker` and serves it from `node`. `notifier` must be the
     /// one whose hook `node` was opened with.
+    /// `max_requests_per_second` limits each connection (0: no limit).
     pub fn start(
         broker: &Broker,
         node: StoreNode,
         notifier: Arc<Notifier>,
+        max_requests_per_second: u32,
     ) -> Arc<StateStoreService> {
         let service = Arc::new(StateStoreService {
             broker: broker.clone(),
             node,
             notifier,
+            rate: (max_requests_per_second > 0)
+                .then(|| rate::RateLimit::new(max_requests_per_second)),
         });
         // Notifications are the server's: no client publishes a forged one, nor subscribes by
         // name to another client's.
@@ -155,6 +162,12 @@ impl StateStoreService {
         if let Some(v) = user(prop::PROTOCOL_VERSION) {
             if !mqkv_protocol::protocol_version_supported(v) {
                 return Handled::Done(Some(unsupported_version(reply, v)));
+            }
+        }
+        if let Some(rate) = &self.rate {
+            if !rate.take(p.from.connection_id, std::time::Instant::now()) {
+                let over = Response::Error(mqkv_protocol::ErrorKind::QuotaExceeded);
+                return Handled::Done(Some(respond(reply, &over, None)));
             }
         }
         let now = now_ms();
@@ -414,6 +427,9 @@ impl Service for Handle {
     }
 
     fn on_disconnect(&self, who: &ClientIdentity) {
+        if let Some(rate) = &self.0.rate {
+            rate.forget(who.connection_id);
+        }
         self.0
             .notifier
             .observers
