@@ -374,3 +374,33 @@ max_observed_keys = 2
     watcher = StoreClient(wait_for(lambda: connects("watcher"), what="room"), "watcher")
     assert [watcher.request("KEYNOTIFY", k) for k in ("a", "b", "c")] == [
         b"+OK\r\n", b"+OK\r\n", quota]
+
+
+def test_mqkv_reload_reads_the_policy_again(mqkv, tmp_path, users):
+    policy = tmp_path / "policy.yaml"
+    admin = """
+- principals: { usernames: [alice] }
+  brokerResources:
+    - method: Connect
+    - method: Publish
+      topics: ["$mqkv/cluster/v1/invoke"]
+    - method: Subscribe
+      topics: ["mqkv-cli/#"]
+"""
+    policy.write_text(admin)
+    server = mqkv("--password-file", users, "--policy", policy)
+    login(server, "bob", expect_rc=NOT_AUTHORIZED)
+    reload = [MQKV_BIN, "reload", "--port", str(server.port), "--username", "alice",
+              "--password", "alice-pw"]
+    policy.write_text(admin + "- principals: { usernames: [bob] }\n"
+                              "  brokerResources: [{ method: Connect }]\n")
+    res = run(reload)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.decode().strip() == "reloaded"
+    login(server, "bob")
+    # A broken file: refused, reported, and the last good policy stays.
+    policy.write_text(admin + "- principals: { usernames: [bob] }\n  brokerResources: [{}]\n")
+    res = run(reload)
+    assert res.returncode != 0
+    assert "1 file(s) failed" in res.stderr.decode(), res.stderr
+    login(server, "bob", "bob-2")

@@ -9,14 +9,16 @@
 //! {"command": "add-node", "id": 4, "addr": "127.0.0.1:7004"}
 //! {"command": "remove-node", "id": 4}
 //! {"command": "isolate", "from": [2, 3]}   (only with fault injection on; [] heals)
+//! {"command": "reload"}                    (reads the TLS, password, token and policy files again)
 //! ```
 //!
 //! The answer is one JSON object: `{"ok": true, "status": {...}}` for a status (see
 //! [`mqkv_raft::ClusterStatus`]), `{"ok": true}` for a membership change made, and
-//! `{"ok": false, "error": "..."}` otherwise. Membership changes are taken only from clients
-//! connected over a loopback address: they decide who holds the data.
+//! `{"ok": false, "error": "..."}` otherwise (a reload some of whose files failed says how
+//! many). Membership changes and reloads are taken only from clients connected over a loopback
+//! address: they decide who holds the data and who may do what.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use mqkv_broker::codec::{Properties, QoS};
@@ -24,6 +26,8 @@ use mqkv_broker::{Broker, Handled, OutboundMessage, Service, ServicePublish};
 use mqkv_raft::StoreNode;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::reload::Reloader;
 
 /// Where administration requests go.
 pub const ADMIN_TOPIC: &str = "$mqkv/cluster/v1/invoke";
@@ -35,22 +39,31 @@ enum AdminRequest {
     AddNode { id: u64, addr: String },
     RemoveNode { id: u64 },
     Isolate { from: Vec<u64> },
+    Reload,
 }
 
 /// Serves [`ADMIN_TOPIC`].
 pub struct AdminService {
     node: StoreNode,
     fault_injection: bool,
+    /// What `reload` reads again, once the server has it.
+    reloader: Arc<OnceLock<Arc<Reloader>>>,
 }
 
 impl AdminService {
     /// `fault_injection` enables the `isolate` command.
-    pub fn start(broker: &Broker, node: StoreNode, fault_injection: bool) {
+    pub fn start(
+        broker: &Broker,
+        node: StoreNode,
+        fault_injection: bool,
+        reloader: Arc<OnceLock<Arc<Reloader>>>,
+    ) {
         broker.claim(
             &[ADMIN_TOPIC],
             Arc::new(AdminService {
                 node,
                 fault_injection,
+                reloader,
             }),
         );
     }
@@ -84,6 +97,7 @@ impl Service for AdminService {
         let trusted = p.from.peer.ip().is_loopback();
         let node = self.node.clone();
         let fault_injection = self.fault_injection;
+        let reloader = self.reloader.get().cloned();
         Handled::Running(Box::pin(async move {
             let body = match request {
                 AdminRequest::Status => match node.cluster_status().await {
@@ -97,6 +111,22 @@ impl Service for AdminService {
                 {
                     refused("membership changes are taken only from loopback clients".into())
                 }
+                AdminRequest::Reload if !trusted => {
+                    refused("reloads are taken only from loopback clients".into())
+                }
+                AdminRequest::Reload => match reloader {
+                    None => refused("the server is still starting".into()),
+                    Some(reloader) => {
+                        tracing::info!("reload asked for: reading the TLS files, the password file, the token keys and the policy again");
+                        match tokio::task::spawn_blocking(move || reloader.reload()).await {
+                            Ok(0) => json!({ "ok": true }),
+                            Ok(n) => refused(format!(
+                                "{n} file(s) failed to load and stay as they were; the server log says why"
+                            )),
+                            Err(e) => refused(format!("reload failed: {e}")),
+                        }
+                    }
+                },
                 AdminRequest::Isolate { .. } if !fault_injection => {
                     refused("fault injection is off on this node (--fault-injection)".into())
                 }
@@ -147,6 +177,10 @@ mod tests {
         assert!(matches!(
             serde_json::from_str::<AdminRequest>(r#"{"command":"isolate","from":[1,3]}"#),
             Ok(AdminRequest::Isolate { from }) if from == [1, 3]
+        ));
+        assert!(matches!(
+            serde_json::from_str::<AdminRequest>(r#"{"command":"reload"}"#),
+            Ok(AdminRequest::Reload)
         ));
         for bad in [
             r#"{"command":"reboot"}"#,

@@ -6,6 +6,7 @@ pub mod federation;
 pub mod listeners;
 pub mod persistence;
 pub mod policy;
+pub mod reload;
 pub mod replicated;
 pub mod statestore;
 pub mod survivor;
@@ -28,16 +29,8 @@ pub struct Server {
     pub listeners: Vec<SocketAddr>,
     /// Every bound listener: plain TCP first, then the `[[listeners]]` tables in order.
     pub endpoints: Vec<Endpoint>,
-    /// The TLS settings of the TLS listeners, reloaded by [`Server::reload`].
-    tls: Vec<Arc<mqkv_broker::Tls>>,
-    /// The password file and the users read from it, reloaded by [`Server::reload`].
-    passwords: Option<(std::path::PathBuf, Arc<mqkv_broker::auth::PasswordStore>)>,
-    /// The policy file, reloaded by [`Server::reload`].
-    policy: Option<std::path::PathBuf>,
-    /// The token settings and the keys read for them, reloaded by [`Server::reload`].
-    tokens: Option<(config::TokenConfig, Arc<mqkv_broker::tokens::TokenStore>)>,
-    /// Key observations, which a new policy may end.
-    notifier: Arc<statestore::Notifier>,
+    /// What [`Server::reload`] reads again.
+    reloader: Arc<reload::Reloader>,
     saver: Option<persistence::Saver>,
     node: StoreNode,
 }
@@ -224,7 +217,13 @@ impl Server {
             store.max_requests_per_second,
         );
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
-        admin::AdminService::start(&broker, node.clone(), fault_injection);
+        let reloader_cell = Arc::new(std::sync::OnceLock::new());
+        admin::AdminService::start(
+            &broker,
+            node.clone(),
+            fault_injection,
+            reloader_cell.clone(),
+        );
         if node.is_clustered() {
             let replicated =
                 replicated::ReplicatedBroker::start(&broker, node.clone(), &replicated_cell);
@@ -237,6 +236,15 @@ impl Server {
                 return Err(e.into());
             }
         };
+        let reloader = Arc::new(reload::Reloader {
+            broker: broker.clone(),
+            tls,
+            passwords,
+            tokens: config.tokens.clone().map(|t| (t, tokens)),
+            policy: policy.map(|(path, _)| path),
+            notifier,
+        });
+        let _ = reloader_cell.set(reloader.clone());
         let mut endpoints = Vec::new();
         for l in planned {
             match broker.listen_on(l.address, l.transport).await {
@@ -265,71 +273,16 @@ impl Server {
             broker,
             listeners,
             endpoints,
-            tls,
-            passwords,
-            policy: policy.map(|(path, _)| path),
-            tokens: config.tokens.clone().map(|t| (t, tokens)),
-            notifier,
+            reloader,
             saver,
             node,
         })
     }
 
-    /// Reads the TLS listeners' certificates, keys and CA bundles, the password file and the
-    /// policy again: new connections use them, connected clients stay (under the new policy
-    /// from their next operation on). Files that fail to load are reported
-    /// in the log and what was in force stays. Returns how many failed.
+    /// Reads the TLS listeners' certificates, keys and CA bundles, the password file, the
+    /// token keys and the policy again (see [`reload::Reloader`]). Returns how many failed.
     pub fn reload(&self) -> usize {
-        let mut failed = 0;
-        if let Some((path, store)) = &self.passwords {
-            match mqkv_broker::passwords::Passwords::load(path) {
-                Ok(users) => {
-                    store.replace(users);
-                    tracing::info!(file = %path.display(), "password file reloaded");
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "password file reload failed; the previous users stay");
-                }
-            }
-        }
-        if let Some((settings, store)) = &self.tokens {
-            match mqkv_broker::tokens::TokenVerifier::load(&settings.settings()) {
-                Ok(verifier) => {
-                    store.replace(verifier);
-                    tracing::info!("token keys reloaded");
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "token keys reload failed; the previous keys stay");
-                }
-            }
-        }
-        if let Some(path) = &self.policy {
-            match policy::Policy::load(path) {
-                Ok(policy) => {
-                    let policy = Arc::new(policy);
-                    tracing::info!(file = %path.display(), rules = policy.rule_count(), "policy reloaded");
-                    self.broker.set_policy(Some(policy.clone()));
-                    self.notifier.apply_policy(&*policy);
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
-                }
-            }
-        }
-        for tls in &self.tls {
-            let cert = tls.files().cert.display();
-            match tls.reload() {
-                Ok(()) => tracing::info!(%cert, "TLS certificate and key reloaded"),
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(%cert, error = %e, "TLS reload failed; the previous certificate stays in use");
-                }
-            }
-        }
-        failed
+        self.reloader.reload()
     }
 
     /// What the state store has done to its files so far (log commits, entries written,

@@ -1,5 +1,5 @@
-//! `mqkv cluster status|add-node|remove-node`: requests to the cluster administration topic
-//! of whichever node `--host/--port` names.
+//! `mqkv cluster status|add-node|remove-node` and `mqkv reload`: requests to the
+//! administration topic of whichever node `--host/--port` names.
 
 use std::time::Duration;
 
@@ -63,6 +63,19 @@ pub struct RemoveNodeArgs {
     id: u64,
     #[command(flatten)]
     conn: ConnectionArgs,
+}
+
+#[derive(Args)]
+pub struct ReloadArgs {
+    #[command(flatten)]
+    conn: ConnectionArgs,
+}
+
+/// `mqkv reload`.
+pub async fn reload(args: ReloadArgs) -> anyhow::Result<i32> {
+    ask(&args.conn, json!({ "command": "reload" })).await?;
+    output::line("reloaded")?;
+    Ok(EXIT_OK)
 }
 
 fn parse_member(s: &str) -> Result<(u64, String), String> {

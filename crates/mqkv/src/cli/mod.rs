@@ -61,6 +61,9 @@ pub enum ClientCommand {
     /// Inspect or change the cluster the connected node belongs to.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Make the connected server read its TLS, password, token and policy files again (as
+    /// SIGHUP does); only from the server's own machine.
+    Reload(cluster::ReloadArgs),
 }
 
 /// Runs one state store command and returns the process exit code.
@@ -86,6 +89,7 @@ pub fn run(command: ClientCommand) -> i32 {
             ClientCommand::Lock(args) => lock::run(args).await,
             ClientCommand::Leader(args) => leader::run(args).await,
             ClientCommand::Cluster(command) => cluster::run(command).await,
+            ClientCommand::Reload(args) => cluster::reload(args).await,
         }
     });
     // Background tasks (renewals, the connection) end with the runtime.
