@@ -198,12 +198,31 @@ fn claim_text(v: &Value) -> Option<String> {
 impl TokenVerifier {
     /// Reads the keys `settings` names.
     pub fn load(settings: &TokenSettings) -> Result<TokenVerifier, TokenSetupError> {
+        let pems = settings
+            .keys
+            .iter()
+            .map(|path| Ok((path.clone(), read(path)?)))
+            .collect::<Result<Vec<_>, TokenSetupError>>()?;
+        let jwks = match &settings.jwks {
+            Some(path) => Some((path.clone(), read(path)?)),
+            None => None,
+        };
+        TokenVerifier::from_keys(&pems, jwks.as_ref(), settings)
+    }
+
+    /// A verifier of the PEM keys and JWKS document given as text (each with the name its
+    /// errors use); `settings`' own file names are not read.
+    pub fn from_keys(
+        pems: &[(PathBuf, Vec<u8>)],
+        jwks: Option<&(PathBuf, Vec<u8>)>,
+        settings: &TokenSettings,
+    ) -> Result<TokenVerifier, TokenSetupError> {
         let mut keys = Vec::new();
-        for path in &settings.keys {
-            keys.push(pem_key(path, &read(path)?)?);
+        for (path, pem) in pems {
+            keys.push(pem_key(path, pem)?);
         }
-        if let Some(path) = &settings.jwks {
-            keys.extend(jwks_keys(path, &read(path)?)?);
+        if let Some((path, text)) = jwks {
+            keys.extend(jwks_keys(path, text)?);
         }
         if keys.is_empty() {
             return Err(TokenSetupError::NoKeys);
