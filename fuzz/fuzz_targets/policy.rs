@@ -19,8 +19,9 @@ fuzz_target!(|data: &[u8]| {
                 let g = policy.client_grants(client_id, &principal);
                 let _ = g.may_connect();
                 let _ = g.may_publish("a/b");
-                let _ = g.may_subscribe(None, "a/#");
-                let _ = g.may_subscribe(Some("g"), "+");
+                let _ = g.subscription(None, "a/#");
+                let _ = g.subscription(Some("g"), "+");
+                let _ = g.may_receive("a/b");
                 let _ = g.may_use(b"k:c", true);
                 let _ = g.may_use(b"k:c", false);
             }

@@ -19,6 +19,7 @@ fn color(target: Target) -> Rgb {
     match target {
         Target::Mqkv => [31, 119, 180],
         Target::MqkvDisk => [148, 103, 189],
+        Target::MqkvPolicy => [23, 190, 207],
         Target::Redis => [214, 39, 40],
         Target::RedisAof => [255, 127, 14],
         Target::Mosquitto => [44, 160, 44],

@@ -7,6 +7,7 @@ mod cluster;
 mod etcd;
 mod interleave;
 mod mqtt;
+mod policy;
 mod report;
 mod servers;
 mod store;
@@ -27,7 +28,7 @@ use servers::{Binaries, Server, Target};
 use wire::{Certs, Wire};
 use workloads::{KvMode, Settings};
 
-const ALL_WORKLOADS: [&str; 13] = [
+const ALL_WORKLOADS: [&str; 14] = [
     "set",
     "get",
     "mix",
@@ -37,6 +38,7 @@ const ALL_WORKLOADS: [&str; 13] = [
     "fanout",
     "tls",
     "ws",
+    "policy",
     "rate",
     "storm",
     "mem-conns",
@@ -51,7 +53,8 @@ const ALL_WORKLOADS: [&str; 13] = [
                   many requests in flight on one connection, with Redis pipelining as anchor); \
                   notify (key notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
                   Mosquitto); tls, ws (pub/sub QoS 1 fan-in and fan-out over TLS and over WebSocket, with \
-                  Mosquitto on the same transport); rate (QoS 1 latency at a fixed rate); storm (connects per \
+                  Mosquitto on the same transport); policy (pub/sub QoS 1 fan-in and SET with a 100-rule \
+                  authorization policy against none); rate (QoS 1 latency at a fixed rate); storm (connects per \
                   second); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
 )]
 struct Args {
@@ -337,6 +340,17 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
                                 out.push((t, Job::PubSub(fanin, QoS::AtLeastOnce, c, wire)));
                             }
                         }
+                    }
+                }
+            }
+            "policy" => {
+                // Without and with a policy, side by side: pub/sub QoS 1 fan-in and SET.
+                for &c in &p.clients {
+                    for t in [Target::Mqkv, Target::MqkvPolicy] {
+                        out.push((t, Job::PubSub(true, QoS::AtLeastOnce, c, Wire::Tcp)));
+                    }
+                    for t in [Target::Mqkv, Target::MqkvPolicy] {
+                        out.push((t, Job::Kv(KvMode::Set, c, 16)));
                     }
                 }
             }

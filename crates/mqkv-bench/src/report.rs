@@ -435,6 +435,31 @@ pub fn target_checks(results: &[RunResult]) -> Vec<TargetCheck> {
             ));
         }
     }
+    // With a 100-rule policy against none (the `policy` workload): rows only for what was
+    // measured. Of two runs without a policy alike, the later (the policy workload's own)
+    // is taken.
+    for (wl, label) in [
+        ("pubsub-fanin", "pubsub-fanin QoS 1 throughput"),
+        ("set", "SET throughput"),
+    ] {
+        let mut measured: Vec<&RunResult> =
+            matching(results, wl, Target::MqkvPolicy, |_| true).collect();
+        measured.sort_by_key(|r| r.clients);
+        measured.dedup_by_key(|r| r.clients);
+        for m in measured {
+            let a = matching(results, wl, Target::Mqkv, |r| {
+                r.clients == m.clients && r.qos == m.qos && r.value_size == m.value_size
+            })
+            .last();
+            checks.push(throughput(
+                &format!("{label} with a 100-rule policy"),
+                ">= 0.95 x without a policy",
+                Some(m),
+                a,
+                &|m, a| m >= 0.95 * a,
+            ));
+        }
+    }
     let m = find(results, "pubsub-rate", Target::Mqkv, |_| true);
     let a = find(results, "pubsub-rate", Target::Mosquitto, |_| true);
     checks.push(compared(

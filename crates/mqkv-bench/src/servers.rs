@@ -22,6 +22,9 @@ pub enum Target {
     /// mqkv, `--storage disk` in a temporary directory.
     #[serde(rename = "mqkv-disk")]
     MqkvDisk,
+    /// mqkv, `--storage memory`, with a 100-rule authorization policy (see [`crate::policy`]).
+    #[serde(rename = "mqkv-policy")]
+    MqkvPolicy,
     #[serde(rename = "mosquitto")]
     Mosquitto,
     /// Redis without persistence.
@@ -37,6 +40,7 @@ impl Target {
         match self {
             Target::Mqkv => "mqkv",
             Target::MqkvDisk => "mqkv-disk",
+            Target::MqkvPolicy => "mqkv-policy",
             Target::Mosquitto => "mosquitto",
             Target::Redis => "redis",
             Target::RedisAof => "redis-aof",
@@ -44,7 +48,7 @@ impl Target {
     }
 
     pub fn is_anchor(self) -> bool {
-        !matches!(self, Target::Mqkv | Target::MqkvDisk)
+        !matches!(self, Target::Mqkv | Target::MqkvDisk | Target::MqkvPolicy)
     }
 
     pub fn is_redis(self) -> bool {
@@ -67,7 +71,7 @@ pub struct Binaries {
 impl Binaries {
     pub fn available(&self, target: Target) -> bool {
         match target {
-            Target::Mqkv | Target::MqkvDisk => true,
+            Target::Mqkv | Target::MqkvDisk | Target::MqkvPolicy => true,
             Target::Mosquitto => self.mosquitto.is_some(),
             Target::Redis | Target::RedisAof => self.redis.is_some(),
         }
@@ -104,7 +108,9 @@ impl Server {
         let dir = unique_dir(scratch, target.name())?;
         let dial = Dial::new(wire, certs)?;
         let (child, addr) = match target {
-            Target::Mqkv | Target::MqkvDisk => start_mqkv(target, wire, certs, bins, &dir)?,
+            Target::Mqkv | Target::MqkvDisk | Target::MqkvPolicy => {
+                start_mqkv(target, wire, certs, bins, &dir)?
+            }
             Target::Mosquitto => {
                 let bin = bins
                     .mosquitto
@@ -248,6 +254,11 @@ fn start_mqkv(
     } else {
         cmd.args(["--storage", "memory", "--data-dir"])
             .arg(dir.join("data"));
+    }
+    if target == Target::MqkvPolicy {
+        let policy = dir.join("policy.yaml");
+        std::fs::write(&policy, crate::policy::yaml())?;
+        cmd.arg("--policy").arg(policy);
     }
     cmd.args(&bins.mqkv_args);
     // Log warnings only, like the anchors' configurations below.

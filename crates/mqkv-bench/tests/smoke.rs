@@ -189,14 +189,19 @@ fn smoke_run_reports_every_workload() {
         }
     }
     // Six targets (durable SET twice: back to back and interleaved), plus pub/sub QoS 1
-    // throughput per concurrency measured (smoke: 1 and 4), over TCP, TLS and WebSocket.
+    // throughput per concurrency measured (smoke: 1 and 4), over TCP, TLS and WebSocket, plus
+    // pub/sub fan-in and SET with a policy against none at each concurrency.
     let targets: Vec<&str> = doc["targets"]
         .as_array()
         .expect("targets")
         .iter()
         .filter_map(|t| t["name"].as_str())
         .collect();
-    assert_eq!(targets.len(), 18, "{targets:?}");
+    assert_eq!(targets.len(), 22, "{targets:?}");
+    for clients in [1, 4] {
+        let name = format!("SET throughput with a 100-rule policy ({clients} clients)");
+        assert!(targets.contains(&name.as_str()), "{name} in {targets:?}");
+    }
     if has_redis {
         assert!(
             targets.contains(&"durable SET throughput, interleaved (4 clients)"),

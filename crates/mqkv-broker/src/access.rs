@@ -62,16 +62,29 @@ pub trait Policy: Send + Sync + 'static {
     fn grants(&self, client_id: &str, principal: &Principal) -> Arc<dyn Grants>;
 }
 
+/// How far a client may subscribe to a filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Subscription {
+    /// To every topic the filter matches.
+    Whole,
+    /// To some of them (a wildcard filter reaching further than the grants): the subscription
+    /// is made, and receives only the messages whose topics the client may receive.
+    Partly,
+    /// To none of them: refused.
+    Denied,
+}
+
 /// What one client may do, worked out by a [`Policy`] for it.
 pub trait Grants: Send + Sync + fmt::Debug + 'static {
     /// Whether the client may connect at all.
     fn may_connect(&self) -> bool;
     /// Whether the client may publish to `topic` (a topic name, no wildcards).
     fn may_publish(&self, topic: &str) -> bool;
-    /// Whether the client may subscribe to `filter` (without its `$share/GROUP/` prefix; the
-    /// group of a shared subscription is `group`): every topic the filter matches must be
-    /// allowed.
-    fn may_subscribe(&self, group: Option<&str>, filter: &str) -> bool;
+    /// How far the client may subscribe to `filter` (without its `$share/GROUP/` prefix; the
+    /// group of a shared subscription is `group`).
+    fn subscription(&self, group: Option<&str>, filter: &str) -> Subscription;
+    /// Whether a subscription of the client may receive a message published to `topic`.
+    fn may_receive(&self, topic: &str) -> bool;
     /// Whether the client may read (`write` false) or change (`write` true) `resource`, a
     /// resource of an in-process service (the state store's keys).
     fn may_use(&self, resource: &[u8], write: bool) -> bool;
@@ -98,6 +111,12 @@ impl Reserved {
     /// Whether a client may publish to `topic`.
     pub fn allows_publish(&self, topic: &str) -> bool {
         !topic.starts_with(&self.prefix)
+    }
+
+    /// Whether `filter` lies inside client `client_id`'s own subtree: such a subscription
+    /// needs no grant from the policy (the server delivers there only what it decides to).
+    pub fn is_own(&self, client_id: &str, filter: &str) -> bool {
+        filter.starts_with(&(self.own)(client_id))
     }
 
     /// Whether client `client_id` may subscribe to `filter`: a filter that names the
@@ -171,6 +190,9 @@ mod tests {
         assert!(r.allows_subscribe("a", "#"));
         assert!(r.allows_subscribe("a", "sys/+/b/#"));
         assert!(r.allows_subscribe("a", "other/#"));
+        assert!(r.is_own("a", "sys/notify/a/#"));
+        assert!(!r.is_own("a", "sys/notify/b/#"));
+        assert!(!r.is_own("a", "#"));
     }
 
     #[test]

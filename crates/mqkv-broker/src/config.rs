@@ -66,6 +66,9 @@ pub struct BrokerConfig {
     /// Most connections open at once from one IP address (counted from the moment they are
     /// accepted); one more gets CONNACK 0x97 (Quota exceeded). 0: no limit.
     pub max_connections_per_address: u32,
+    /// The SUBACK reason code of a subscription the policy refuses: 0x87 (Not authorized), or
+    /// 0x80 (Unspecified error) for clients that expect it.
+    pub subscription_denied_reason: u8,
 }
 
 impl BrokerConfig {
@@ -106,6 +109,7 @@ impl Default for BrokerConfig {
             max_retained_bytes: 256 * 1024 * 1024,
             max_sessions: 100_000,
             max_connections_per_address: 0,
+            subscription_denied_reason: crate::codec::reason::NOT_AUTHORIZED,
         }
     }
 }

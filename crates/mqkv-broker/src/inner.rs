@@ -301,8 +301,10 @@ impl Inner {
             let mut m: Matches<'_, Arc<Session>> = Matches::default();
             let route = subs.route(&msg.topic, &mut m);
             let publisher = msg.publisher.as_deref();
-            let not_own = |(c, e, _): &(&ClientId, &SubEntry, &Arc<Session>)| {
+            // A filtered subscription gets only what its session may receive.
+            let not_own = |(c, e, s): &(&ClientId, &SubEntry, &Arc<Session>)| {
                 !(e.options.no_local && Some(&***c) == publisher)
+                    && (!e.filtered || s.may_receive(&msg.topic))
             };
             let mut direct: SmallVec<[(&ClientId, &SubEntry, &Arc<Session>); 4]> = match &route {
                 Some(route) => route
@@ -532,6 +534,19 @@ impl Inner {
         options: SubscriptionOptions,
         identifier: Option<u32>,
     ) -> bool {
+        self.subscribe_checked(session, filter, options, identifier, false)
+    }
+
+    /// Adds a subscription whose messages are, when `filtered`, each checked against the
+    /// session's grants before delivery. Returns whether it existed before.
+    pub(crate) fn subscribe_checked(
+        &self,
+        session: &Arc<Session>,
+        filter: &str,
+        options: SubscriptionOptions,
+        identifier: Option<u32>,
+        filtered: bool,
+    ) -> bool {
         let Some(spec) = topic::parse_filter(filter) else {
             return false;
         };
@@ -539,6 +554,7 @@ impl Inner {
         let e = SubEntry {
             options,
             identifier,
+            filtered,
         };
         let existed = subs.insert(
             spec.filter,
@@ -547,11 +563,16 @@ impl Inner {
             e,
             session.clone(),
         );
-        session
-            .state
-            .lock()
-            .subscriptions
-            .insert(filter.to_owned(), (options, identifier));
+        {
+            let mut st = session.state.lock();
+            st.subscriptions
+                .insert(filter.to_owned(), (options, identifier));
+            if filtered {
+                st.filtered.insert(filter.to_owned());
+            } else {
+                st.filtered.remove(filter);
+            }
+        }
         drop(subs);
         if !existed {
             self.filters_changed();
@@ -566,7 +587,11 @@ impl Inner {
         };
         let mut subs = self.subs.write();
         let removed = subs.remove(spec.filter, spec.group, &session.client_id);
-        session.state.lock().subscriptions.remove(filter);
+        {
+            let mut st = session.state.lock();
+            st.subscriptions.remove(filter);
+            st.filtered.remove(filter);
+        }
         drop(subs);
         self.touch();
         if removed {

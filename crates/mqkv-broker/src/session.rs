@@ -249,6 +249,10 @@ pub struct SessionState {
     /// Who the session's latest connection authenticated as (unknown for a session restored
     /// from disk until its client returns).
     pub principal: Option<Arc<crate::access::Principal>>,
+    /// What the policy lets the principal do; `None` without a policy (or principal).
+    pub grants: Option<Arc<dyn crate::access::Grants>>,
+    /// The subscriptions (of `subscriptions`) whose messages are checked against `grants`.
+    pub filtered: HashSet<String>,
 }
 
 /// Limits a session applies to its queue.
@@ -280,6 +284,23 @@ impl Session {
                 ..Default::default()
             }),
         }
+    }
+
+    /// Whether the session's grants let it receive a message published to `topic`.
+    pub fn may_receive(&self, topic: &str) -> bool {
+        self.state
+            .lock()
+            .grants
+            .as_ref()
+            .is_none_or(|g| g.may_receive(topic))
+    }
+
+    /// Drops the queued messages (not yet sent) whose topic `drop` picks; returns how many.
+    pub fn drop_queued(&self, drop: impl Fn(&str) -> bool) -> usize {
+        let mut st = self.state.lock();
+        let before = st.queue.len();
+        st.queue.retain(|d| !drop(&d.message.topic));
+        before - st.queue.len()
     }
 
     /// Queues a message and wakes the connection, if any.

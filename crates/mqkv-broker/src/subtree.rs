@@ -23,6 +23,9 @@ pub type ClientId = Arc<str>;
 pub struct SubEntry {
     pub options: SubscriptionOptions,
     pub identifier: Option<u32>,
+    /// The subscriber may receive only some of the topics the filter matches: each message is
+    /// checked against its grants before delivery (see [`crate::access`]).
+    pub filtered: bool,
 }
 
 /// A subscriber as the index stores it: its options and a handle `T` to reach it.
@@ -310,6 +313,7 @@ mod tests {
         SubEntry {
             options: SubscriptionOptions::default(),
             identifier: None,
+            filtered: false,
         }
     }
 

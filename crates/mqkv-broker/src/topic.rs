@@ -103,9 +103,74 @@ pub fn covers(outer: &str, filter: &str) -> bool {
     }
 }
 
+/// Whether some topic matches both filters.
+pub fn intersects(a: &str, b: &str) -> bool {
+    // A wildcard first level matches no `$` topic, which a literal first level may name.
+    let dollar_literal = |f: &str| f.starts_with('$');
+    let wild_first = |f: &str| f.starts_with('+') || f.starts_with('#');
+    if (dollar_literal(a) && wild_first(b)) || (dollar_literal(b) && wild_first(a)) {
+        return false;
+    }
+    let mut x = a.split('/');
+    let mut y = b.split('/');
+    loop {
+        match (x.next(), y.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (None, None) => return true,
+            (Some("+"), Some(_)) | (Some(_), Some("+")) => {}
+            (Some(p), Some(q)) if p == q => {}
+            _ => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn intersection_of_filters() {
+        for (a, b) in [
+            ("#", "a/b"),
+            ("+/+", "a/+"),
+            ("a/#", "a"),
+            ("a/+", "+/b"),
+            ("a/b", "a/b"),
+            ("$SYS/#", "$SYS/+"),
+            ("TopicA/B", "+/+"),
+        ] {
+            assert!(intersects(a, b), "{a} and {b}");
+            assert!(intersects(b, a), "{b} and {a}");
+        }
+        for (a, b) in [
+            ("a/b", "a/c"),
+            ("a/+", "a"),
+            ("+/+", "a/b/c"),
+            ("#", "$SYS/x"),
+            ("+/x", "$SYS/x"),
+            ("test/nosubscribe", "TopicA/B"),
+        ] {
+            assert!(!intersects(a, b), "{a} and {b}");
+            assert!(!intersects(b, a), "{b} and {a}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A topic both filters match means they intersect.
+        #[test]
+        fn a_common_topic_means_intersection(
+            a in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "+", "$s", "#"]), 1..4),
+            b in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "+", "$s", "#"]), 1..4),
+            topic in proptest::collection::vec(proptest::sample::select(vec!["a", "b", "c", "$s"]), 1..5),
+        ) {
+            let a = a.join("/");
+            let b = b.join("/");
+            let topic = topic.join("/");
+            if valid_topic_filter(&a) && valid_topic_filter(&b) && matches(&a, &topic) && matches(&b, &topic) {
+                proptest::prop_assert!(intersects(&a, &b), "{} and {} both match {}", a, b, topic);
+            }
+        }
+    }
 
     #[test]
     fn coverage_of_filters() {

@@ -67,9 +67,10 @@ pub enum Error {
     /// No answer arrived within the request timeout.
     #[error("no answer from the state store within {0:?}")]
     Timeout(Duration),
-    /// The state store answered with an error.
+    /// The state store answered with an error. (Not a `source`: the text already says it,
+    /// and a report of the error chain would say it twice.)
     #[error("the state store refused the request: {0}")]
-    Server(#[from] ServerError),
+    Server(ServerError),
     /// The answer did not follow the protocol (wrong status, malformed
     /// payload, an answer that does not fit the request).
     #[error("unexpected answer to {command}: {detail}")]
@@ -98,6 +99,12 @@ pub enum Error {
     /// The client was shut down.
     #[error("the client is closed")]
     Closed,
+}
+
+impl From<ServerError> for Error {
+    fn from(e: ServerError) -> Error {
+        Error::Server(e)
+    }
 }
 
 impl Error {

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use super::Conn;
+use crate::access::Subscription;
 
 impl Conn {
     /// Whether the client may publish to `topic`.
@@ -22,9 +23,9 @@ impl Conn {
         allowed
     }
 
-    /// Whether the client may subscribe to `filter` (without its `$share/GROUP/` prefix, the
+    /// How far the client may subscribe to `filter` (without its `$share/GROUP/` prefix, the
     /// group of a shared subscription being `group`).
-    pub(super) fn may_subscribe(&mut self, group: Option<&str>, filter: &str) -> bool {
+    pub(super) fn subscription(&mut self, group: Option<&str>, filter: &str) -> Subscription {
         self.inner.renew_service_claims(&mut self.services);
         let client_id = &*self.client_id;
         let reserved_ok = self
@@ -32,11 +33,23 @@ impl Conn {
             .reserved
             .iter()
             .all(|r| r.allows_subscribe(client_id, filter));
-        let allowed = reserved_ok && self.grants().is_none_or(|g| g.may_subscribe(group, filter));
-        if !allowed {
+        let own = group.is_none()
+            && self
+                .services
+                .reserved
+                .iter()
+                .any(|r| r.is_own(client_id, filter));
+        let grant = match (reserved_ok, self.grants()) {
+            (false, _) => Subscription::Denied,
+            (true, None) => Subscription::Whole,
+            // The client's own part of a server namespace (its key notifications).
+            (true, Some(_)) if own => Subscription::Whole,
+            (true, Some(g)) => g.subscription(group, filter),
+        };
+        if grant == Subscription::Denied {
             self.inner.denied.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(client_id = %self.client_id, %filter, "subscription not authorized");
         }
-        allowed
+        grant
     }
 }

@@ -312,7 +312,7 @@ pub(crate) async fn run(
     }
     inner.hand_over(&client_id).await;
     let attached = inner.attach(&client_id, connect.clean_start, expiry, link);
-    inner.authorize_session(&attached.session, &principal, grants.as_deref());
+    inner.authorize_session(&attached.session, &principal, grants.clone());
     let session = attached.session;
 
     let mut props = match v5 {

@@ -6,6 +6,7 @@ use bytes::BytesMut;
 
 use super::publish::Handoff;
 use super::{Conn, End, Violation};
+use crate::access::Subscription;
 use crate::codec::{self, reason, Packet, Properties};
 use crate::session::Delivery;
 use crate::topic;
@@ -191,13 +192,15 @@ impl Conn {
             if spec.group.is_some() && opts.no_local {
                 return Err(Violation(reason::PROTOCOL_ERROR));
             }
-            if !self.may_subscribe(spec.group, spec.filter) {
-                codes.push(reason::NOT_AUTHORIZED);
+            let grant = self.subscription(spec.group, spec.filter);
+            if grant == Subscription::Denied {
+                codes.push(self.inner.config.subscription_denied_reason);
                 continue;
             }
-            let existed = self
-                .inner
-                .subscribe(&self.session, filter, *opts, identifier);
+            let filtered = grant == Subscription::Partly;
+            let existed =
+                self.inner
+                    .subscribe_checked(&self.session, filter, *opts, identifier, filtered);
             codes.push(opts.qos as u8);
             let send_retained = spec.group.is_none()
                 && match opts.retain_handling {
@@ -207,6 +210,9 @@ impl Conn {
                 };
             if send_retained {
                 for m in self.inner.retained_matching(spec.filter) {
+                    if filtered && !self.session.may_receive(&m.topic) {
+                        continue;
+                    }
                     retained.push(Delivery {
                         qos: m.qos.min(opts.qos),
                         message: m,

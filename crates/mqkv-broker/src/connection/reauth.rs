@@ -60,13 +60,13 @@ impl Conn {
         self.credential_expires = expiry_instant(principal.expires_at);
         self.expiry_changed = true;
         let principal = Arc::new(principal);
-        self.session.state.lock().principal = Some(principal.clone());
-        self.ident.principal = principal;
-        self.ident.grants = self
-            .inner
-            .policy
-            .grants(&self.client_id, &self.ident.principal);
         self.policy_generation = self.inner.policy.generation();
+        let grants = self.inner.policy.grants(&self.client_id, &principal);
+        // New attributes may allow more or less: the session's subscriptions follow.
+        self.inner
+            .authorize_session(&self.session, &principal, grants.clone());
+        self.ident.principal = principal;
+        self.ident.grants = grants;
         let mut properties = Properties::default();
         properties.rare_mut().authentication_method = Some(expected.to_owned());
         self.send(Packet::Auth(codec::Auth {

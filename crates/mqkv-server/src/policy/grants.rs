@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use mqkv_broker::access::{Grants, Principal};
+use mqkv_broker::access::{Grants, Principal, Subscription};
 use mqkv_broker::topic;
 use mqkv_protocol::GlobPattern;
 
@@ -165,10 +165,33 @@ impl Grants for ClientGrants {
         self.publish.iter().any(|f| topic::matches(f, t))
     }
 
-    fn may_subscribe(&self, group: Option<&str>, filter: &str) -> bool {
-        self.subscribe.iter().any(|(only, f)| {
-            only.as_deref().is_none_or(|only| Some(only) == group) && topic::covers(f, filter)
-        })
+    fn subscription(&self, group: Option<&str>, filter: &str) -> Subscription {
+        let for_group = |only: &Option<String>| only.as_deref().is_none_or(|o| Some(o) == group);
+        if self
+            .subscribe
+            .iter()
+            .any(|(only, f)| for_group(only) && topic::covers(f, filter))
+        {
+            return Subscription::Whole;
+        }
+        // A shared subscription is allowed whole or not at all: a message its group gets is
+        // given to one member, which must be allowed to receive it.
+        let partly = group.is_none()
+            && self
+                .subscribe
+                .iter()
+                .any(|(only, f)| only.is_none() && topic::intersects(f, filter));
+        if partly {
+            Subscription::Partly
+        } else {
+            Subscription::Denied
+        }
+    }
+
+    fn may_receive(&self, t: &str) -> bool {
+        self.subscribe
+            .iter()
+            .any(|(only, f)| only.is_none() && topic::matches(f, t))
     }
 
     fn may_use(&self, resource: &[u8], write: bool) -> bool {

@@ -1,4 +1,4 @@
-use mqkv_broker::access::{Grants, Principal};
+use mqkv_broker::access::{Grants, Principal, Subscription};
 
 use super::Policy;
 
@@ -50,7 +50,10 @@ fn the_aio_resource_is_taken_as_it_is() {
     assert!(g.may_publish("/telemetry/temperature-sensor"));
     assert!(!g.may_publish("/telemetry/humidity-sensor"));
     // No organization attribute: that topic names nothing for it.
-    assert!(!g.may_subscribe(None, "/commands/contoso"));
+    assert_ne!(
+        g.subscription(None, "/commands/contoso"),
+        Subscription::Whole
+    );
     assert!(g.may_use(b"myreadkey", false));
     assert!(!g.may_use(b"myreadkey", true));
     assert!(g.may_use(b"myotherkey1", false));
@@ -67,7 +70,10 @@ fn the_aio_resource_is_taken_as_it_is() {
     );
     assert!(g.may_connect());
     assert!(g.may_publish("/telemetry/contoso"));
-    assert!(g.may_subscribe(None, "/commands/contoso"));
+    assert_eq!(
+        g.subscription(None, "/commands/contoso"),
+        Subscription::Whole
+    );
     let g = policy.client_grants("fan-1", &attrs(&[("city", "seattle")]));
     assert!(!g.may_connect());
     // Named by user name.
@@ -91,16 +97,24 @@ fn a_bare_list_of_rules_is_a_policy_too() {
     )
     .expect("valid");
     let g = policy.client_grants("c", &Principal::user("alice"));
-    assert!(g.may_subscribe(None, "sensors/#"));
-    assert!(g.may_subscribe(None, "sensors/+/temp"));
-    assert!(g.may_subscribe(None, "alerts/alice/x"));
-    assert!(g.may_subscribe(None, "alerts/alice/+"));
-    assert!(!g.may_subscribe(None, "alerts/bob/+"));
-    assert!(!g.may_subscribe(None, "#"));
-    assert!(!g.may_subscribe(None, "alerts/#"));
+    assert_eq!(g.subscription(None, "sensors/#"), Subscription::Whole);
+    assert_eq!(g.subscription(None, "sensors/+/temp"), Subscription::Whole);
+    assert_eq!(g.subscription(None, "alerts/alice/x"), Subscription::Whole);
+    assert_eq!(g.subscription(None, "alerts/alice/+"), Subscription::Whole);
+    assert_eq!(g.subscription(None, "alerts/bob/+"), Subscription::Denied);
+    // Wider than the grants: made, and filtered message by message.
+    assert_eq!(g.subscription(None, "#"), Subscription::Partly);
+    assert_eq!(g.subscription(None, "alerts/#"), Subscription::Partly);
+    assert!(g.may_receive("alerts/alice/x"));
+    assert!(!g.may_receive("alerts/bob/x"));
+    // Nothing in common with them: refused.
+    assert_eq!(g.subscription(None, "other/#"), Subscription::Denied);
     assert!(!g.may_publish("sensors/a"));
     // A plain filter allows shared subscriptions to it in any group.
-    assert!(g.may_subscribe(Some("any"), "sensors/#"));
+    assert_eq!(
+        g.subscription(Some("any"), "sensors/#"),
+        Subscription::Whole
+    );
 }
 
 #[test]
@@ -115,9 +129,15 @@ fn a_shared_filter_allows_its_group_only() {
     )
     .expect("valid");
     let g = policy.client_grants("c", &Principal::user("w"));
-    assert!(g.may_subscribe(Some("workers"), "jobs/a"));
-    assert!(!g.may_subscribe(Some("others"), "jobs/a"));
-    assert!(!g.may_subscribe(None, "jobs/a"));
+    assert_eq!(
+        g.subscription(Some("workers"), "jobs/a"),
+        Subscription::Whole
+    );
+    assert_eq!(
+        g.subscription(Some("others"), "jobs/a"),
+        Subscription::Denied
+    );
+    assert_eq!(g.subscription(None, "jobs/a"), Subscription::Denied);
 }
 
 #[test]
@@ -178,7 +198,7 @@ fn nothing_is_allowed_that_no_rule_allows() {
     let g = policy.client_grants("c", &Principal::user("alice"));
     assert!(!g.may_connect());
     assert!(!g.may_publish("a"));
-    assert!(!g.may_subscribe(None, "a"));
+    assert_ne!(g.subscription(None, "a"), Subscription::Whole);
     assert!(!g.may_use(b"k", false));
 }
 
