@@ -444,6 +444,14 @@ mod tests {
         let c: ServerConfig = toml::from_str(block).expect("the README example parses");
         assert_eq!(c.storage, StorageKind::Disk);
         assert!(c.password_file.is_some());
+        assert!(c.policy.is_some());
+        assert_eq!(
+            c.tokens.as_ref().map(|t| t.audiences.len()),
+            Some(1),
+            "the [tokens] table"
+        );
+        assert_eq!(c.certificate_attributes.len(), 1);
+        assert_eq!(c.broker.subscription_denied_reason, 0x87);
         assert_eq!(c.listeners.len(), 2);
         assert!(c.tls.cert.is_some());
     }

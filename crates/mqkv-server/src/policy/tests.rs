@@ -248,3 +248,48 @@ fn mistakes_are_refused_with_their_line() {
         }
     }
 }
+
+proptest::proptest! {
+    /// A key pattern with the client id in it grants exactly the keys under that client's own
+    /// prefix, whatever characters the id holds (glob metacharacters included).
+    #[test]
+    fn a_client_id_in_a_key_pattern_is_literal(
+        id in "[a-c*?\\[\\]!-]{1,6}",
+        other in "[a-c*?\\[\\]!-]{1,6}",
+        suffix in "[a-z:*]{0,4}",
+    ) {
+        let policy = Policy::parse(
+            "- principals: { clientIds: [\"*\"] }\n  stateStoreResources:\n    - method: Read\n      keyType: Pattern\n      keys: [\"own:{principal.clientId}:*\"]\n",
+        ).expect("valid");
+        let g = policy.client_grants(&id, &Principal::default());
+        let own = format!("own:{id}:{suffix}");
+        let theirs = format!("own:{other}:{suffix}");
+        proptest::prop_assert!(g.may_use(own.as_bytes(), false));
+        proptest::prop_assert!(!g.may_use(own.as_bytes(), true));
+        proptest::prop_assert_eq!(
+            g.may_use(theirs.as_bytes(), false),
+            theirs.starts_with(&format!("own:{id}:"))
+        );
+    }
+
+    /// A topic with the client id as a level grants the client's own subtree only, and nothing
+    /// when the id is not a single level.
+    #[test]
+    fn a_client_id_in_a_topic_is_one_level(
+        id in "[a-c+#/]{0,5}",
+        other in "[a-c]{1,5}",
+        rest in "[a-c]{1,3}",
+    ) {
+        let policy = Policy::parse(
+            "- principals: { clientIds: [\"*\"] }\n  brokerResources:\n    - method: Publish\n      topics: [\"t/{principal.clientId}/#\"]\n",
+        ).expect("valid");
+        let g = policy.client_grants(&id, &Principal::default());
+        let single_level = !id.is_empty() && !id.contains(['/', '+', '#']);
+        let own = format!("t/{id}/{rest}");
+        proptest::prop_assert_eq!(g.may_publish(&own), single_level);
+        if other != id {
+            let theirs = format!("t/{other}/{rest}");
+            proptest::prop_assert!(!g.may_publish(&theirs));
+        }
+    }
+}
