@@ -95,6 +95,10 @@ class MqkvServer:
         self.port = self._read_port()
         while len(self.listening) < expected:
             self._read_port()
+        # The HTTP listener (metrics, health), when one is asked for: printed after the others.
+        self.http_port = None
+        if "--http" in cmd and str(cmd[cmd.index("--http") + 1]) != "off":
+            self.http_port = self._read_http()
         # The first listener of each kind: "tcp", "tls", "ws", "wss".
         self.endpoints = {}
         for kind, port in self.listening:
@@ -127,6 +131,26 @@ class MqkvServer:
         raise RuntimeError(
             f"mqkv did not report a listener: {self.cmd}\nstderr:\n{self.stderr_text()}"
         )
+
+    def _read_http(self) -> int:
+        """The port of the `http on http://ADDR:PORT ...` line."""
+        deadline = time.monotonic() + 10
+        line = b""
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if not r:
+                continue
+            chunk = os.read(self.proc.stdout.fileno(), 1)
+            if not chunk:
+                break
+            line += chunk
+            if chunk == b"\n":
+                text = line.decode().strip()
+                if text.startswith("http on http://"):
+                    addr = text.removeprefix("http on http://").split(" ", 1)[0]
+                    return int(addr.rsplit(":", 1)[1])
+                line = b""
+        raise RuntimeError(f"mqkv did not report its HTTP listener: {self.cmd}")
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -143,9 +143,32 @@ impl Broker {
         self.inner.reserve(reserved);
     }
 
-    /// Publishes and subscriptions refused so far by the policy or a reserved namespace.
-    pub fn denied_count(&self) -> u64 {
-        self.inner.denied.load(Ordering::Relaxed)
+    /// What the broker has counted so far, and its gauges now.
+    pub fn stats(&self) -> crate::stats::BrokerStats {
+        let inner = &self.inner;
+        let mut stats = crate::stats::BrokerStats::counters(&inner.stats);
+        let sessions: Vec<Arc<crate::session::Session>> =
+            inner.sessions.lock().values().cloned().collect();
+        stats.total_sessions = sessions.len() as u64;
+        for s in &sessions {
+            let st = s.state.lock();
+            stats.connected_sessions += u64::from(st.link.is_some());
+            stats.total_subscriptions += st.subscriptions.len() as u64;
+        }
+        stats.retained_messages = inner.retained.read().len() as u64;
+        stats.retained_bytes = inner.retained_bytes.load(Ordering::Relaxed);
+        stats.connections = crate::connection::KINDS
+            .iter()
+            .zip(&inner.live_by_kind)
+            .map(|(kind, n)| (*kind, n.load(Ordering::Relaxed) as u64))
+            .collect();
+        stats
+    }
+
+    /// A value per connection thread for a service's own counters (see
+    /// [`crate::stats::PerThread`]): a service runs on its publishers' connection threads.
+    pub fn per_thread<T: Default>(&self) -> crate::stats::PerThread<T> {
+        crate::stats::PerThread::new(self.inner.threads.len())
     }
 
     /// A counter that moves whenever retained messages or persistent sessions change, so a

@@ -93,8 +93,10 @@ pub(crate) struct Inner {
     pub(crate) policy: crate::access::PolicySlot,
     /// Namespaces only the server publishes in.
     pub(crate) reserved: RwLock<Vec<Arc<crate::access::Reserved>>>,
-    /// Publishes and subscriptions refused by the policy or a reserved namespace.
-    pub(crate) denied: AtomicU64,
+    /// What the broker counted, per connection thread.
+    pub(crate) stats: Arc<crate::stats::PerThread<crate::stats::Counters>>,
+    /// Open connections by listener kind: `tcp`, `tls`, `ws`, `wss`.
+    pub(crate) live_by_kind: [AtomicUsize; 4],
     /// Open connections per address, when they are limited.
     pub(crate) per_address: Mutex<HashMap<std::net::IpAddr, u32>>,
     /// Takeovers whose old connection did not answer within [`HANDOVER_WAIT`].
@@ -137,7 +139,8 @@ impl Inner {
             throttle: crate::auth::Throttle::default(),
             policy: crate::access::PolicySlot::default(),
             reserved: RwLock::new(Vec::new()),
-            denied: AtomicU64::new(0),
+            stats: Arc::new(crate::stats::PerThread::new(threads.len())),
+            live_by_kind: Default::default(),
             per_address: Mutex::new(HashMap::new()),
             threads,
         }
@@ -498,6 +501,7 @@ impl Inner {
         {
             let mut st = session.state.lock();
             st.link = Some(link);
+            st.stats = Some(self.stats.clone());
             st.expiry_interval = expiry_interval;
             st.disconnected_at = None;
             // Resuming within the will delay cancels the will.

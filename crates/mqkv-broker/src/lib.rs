@@ -24,6 +24,7 @@ pub mod replicated;
 mod saved;
 pub mod service;
 mod session;
+pub mod stats;
 pub mod subtree;
 pub mod tokens;
 pub mod topic;

@@ -253,6 +253,8 @@ pub struct SessionState {
     pub grants: Option<Arc<dyn crate::access::Grants>>,
     /// The subscriptions (of `subscriptions`) whose messages are checked against `grants`.
     pub filtered: HashSet<String>,
+    /// Where sending and dropping messages is counted, once a connection attached it.
+    pub(crate) stats: Option<Arc<crate::stats::PerThread<crate::stats::Counters>>>,
 }
 
 /// Limits a session applies to its queue.
@@ -333,11 +335,25 @@ impl Session {
         let offline = st.link.is_none();
         if offline && d.qos == QoS::AtMostOnce {
             // QoS 0 messages are not kept for disconnected sessions.
+            if let Some(stats) = &st.stats {
+                crate::stats::add(&stats.here().qos0_dropped, 1);
+            }
             return (Enqueued::Dropped, None);
         }
         let mut result = Enqueued::Yes;
         if st.queue.len() >= limits.max_queued {
             st.dropped_messages += 1;
+            let dropped_qos = match limits.policy {
+                QueueFullPolicy::DropNew => d.qos,
+                QueueFullPolicy::DropOldest => st.queue.front().map_or(d.qos, |o| o.qos),
+            };
+            if let Some(stats) = &st.stats {
+                let here = stats.here();
+                crate::stats::add(&here.queue_full_dropped, 1);
+                if dropped_qos == QoS::AtMostOnce {
+                    crate::stats::add(&here.qos0_dropped, 1);
+                }
+            }
             match limits.policy {
                 QueueFullPolicy::DropNew => return (Enqueued::Dropped, None),
                 QueueFullPolicy::DropOldest => {
@@ -506,6 +522,8 @@ impl Session {
         let st = &mut *guard;
         let link = st.link.as_mut().filter(|l| l.conn_id == conn_id)?;
         let level = link.protocol_level;
+        // PUBLISH packets written, and their payload bytes.
+        let (mut sent, mut bytes) = (0u64, 0u64);
         while let Some(control) = link.control.pop_front() {
             match control {
                 Control::Ack {
@@ -519,6 +537,7 @@ impl Session {
         if link.closing {
             return Some(true);
         }
+        let stats = st.stats.clone();
         if link.resend {
             link.resend = false;
             for (id, inf) in &st.inflight {
@@ -526,6 +545,8 @@ impl Session {
                     Inflight::Publish(d) => {
                         if let Some(p) = build_publish(d, *id, true, now, link) {
                             p.encode(out, level);
+                            sent += 1;
+                            bytes += d.message.payload.len() as u64;
                         }
                     }
                     Inflight::Released => Packet::PubRel(codec::Ack {
@@ -558,9 +579,16 @@ impl Session {
                 continue;
             };
             p.encode(out, level);
+            sent += 1;
+            bytes += d.message.payload.len() as u64;
             if d.qos != QoS::AtMostOnce {
                 st.inflight.push_back((packet_id, Inflight::Publish(d)));
             }
+        }
+        if let Some(stats) = stats.filter(|_| sent > 0) {
+            let here = stats.here();
+            crate::stats::add(&here.publishes_sent, sent);
+            crate::stats::add(&here.payload_bytes_sent, bytes);
         }
         Some(false)
     }

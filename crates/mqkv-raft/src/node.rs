@@ -372,6 +372,18 @@ impl StoreNode {
             .map_err(MembershipError::Unavailable)?
     }
 
+    /// Term, leader and indexes, as raft reports them now.
+    pub fn raft_figures(&self) -> crate::stats::RaftFigures {
+        let metrics = self.inner.raft.metrics().borrow().clone();
+        crate::stats::RaftFigures {
+            term: metrics.current_term,
+            leader: metrics.current_leader,
+            last_log_index: metrics.last_log_index,
+            applied_index: metrics.last_applied.map(|id| id.index),
+            is_leader: self.is_leader(),
+        }
+    }
+
     /// Counters of the store's file activity.
     pub fn stats(&self) -> StoreStats {
         let counters = &self.inner.counters;

@@ -29,6 +29,19 @@ pub struct StoreStats {
     pub applied_index: Option<u64>,
 }
 
+/// Where this node's raft stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RaftFigures {
+    pub term: u64,
+    /// The leader this node knows of, if any.
+    pub leader: Option<u64>,
+    /// Index of the last entry in this node's log.
+    pub last_log_index: Option<u64>,
+    /// Index of the last entry this node applied.
+    pub applied_index: Option<u64>,
+    pub is_leader: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) log_commits: AtomicU64,

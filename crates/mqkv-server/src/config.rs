@@ -274,6 +274,9 @@ pub struct ServerConfig {
     pub certificate_attributes: Vec<CertificateAttributes>,
     /// Token authentication (authentication method `K8S-SAT`): the `[tokens]` table.
     pub tokens: Option<TokenConfig>,
+    /// The HTTP listener (`/metrics`, `/healthz`, `/readyz`): an address, or `off`. Unset:
+    /// `127.0.0.1:9600`, or none (with a warning) when that address is taken.
+    pub http: Option<String>,
     pub data_dir: PathBuf,
     pub storage: StorageKind,
     pub broker: BrokerConfig,
@@ -324,6 +327,7 @@ impl Default for ServerConfig {
             policy: None,
             certificate_attributes: Vec::new(),
             tokens: None,
+            http: None,
             data_dir: PathBuf::from("./mqkv-data"),
             storage: StorageKind::default(),
             broker: BrokerConfig::default(),
@@ -445,6 +449,7 @@ mod tests {
         assert_eq!(c.storage, StorageKind::Disk);
         assert!(c.password_file.is_some());
         assert!(c.policy.is_some());
+        assert_eq!(c.http.as_deref(), Some("127.0.0.1:9600"));
         assert_eq!(
             c.tokens.as_ref().map(|t| t.audiences.len()),
             Some(1),

@@ -3,7 +3,9 @@
 pub mod admin;
 pub mod config;
 pub mod federation;
+pub mod http;
 pub mod listeners;
+pub mod metrics;
 pub mod persistence;
 pub mod policy;
 pub mod reload;
@@ -31,6 +33,8 @@ pub struct Server {
     pub endpoints: Vec<Endpoint>,
     /// What [`Server::reload`] reads again.
     reloader: Arc<reload::Reloader>,
+    /// The HTTP listener (metrics and health), if any.
+    http: Option<http::HttpListener>,
     saver: Option<persistence::Saver>,
     node: StoreNode,
 }
@@ -59,6 +63,8 @@ pub enum StartError {
     Tokens(#[from] mqkv_broker::tokens::TokenSetupError),
     #[error("plain-text passwords in the configuration ([[broker.users]]) are not accepted: make a password file with `mqkv passwd FILE USER` and give it as password_file (or --password-file)")]
     PlainPasswords,
+    #[error("invalid HTTP address '{0}': give ADDR:PORT or off")]
+    HttpAddress(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -146,7 +152,9 @@ impl Server {
         store_config.max_keys = store.max_keys;
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
-        let notifier = statestore::Notifier::new(&broker, store.max_observed_keys.max(1));
+        let counters = Arc::new(statestore::StoreCounters::new(broker.per_thread()));
+        let notifier =
+            statestore::Notifier::new(&broker, store.max_observed_keys.max(1), counters.clone());
         let replicated_cell = Arc::new(std::sync::OnceLock::new());
         let hook = match cluster {
             Some(_) => replicated::hook(notifier.hook(), replicated_cell.clone()),
@@ -215,6 +223,7 @@ impl Server {
             node.clone(),
             notifier.clone(),
             store.max_requests_per_second,
+            counters.clone(),
         );
         let fault_injection = config.cluster.as_ref().is_some_and(|c| c.fault_injection);
         let reloader_cell = Arc::new(std::sync::OnceLock::new());
@@ -264,6 +273,23 @@ impl Server {
             }
         }
         node.set_client_addrs(endpoints.iter().map(ToString::to_string).collect());
+        let sources = metrics::Sources {
+            broker: broker.clone(),
+            node: node.clone(),
+            counters,
+            hostname: metrics::hostname(),
+            queue_full: match config.broker.queue_full {
+                mqkv_broker::QueueFullPolicy::DropNew => "drop-new",
+                mqkv_broker::QueueFullPolicy::DropOldest => "drop-oldest",
+            },
+        };
+        let http = match start_http(config.http.as_deref(), sources).await {
+            Ok(http) => http,
+            Err(e) => {
+                broker.shutdown(Duration::ZERO).await;
+                return Err(e);
+            }
+        };
         let listeners = endpoints
             .iter()
             .filter(|e| e.kind == ListenerKind::Tcp)
@@ -274,6 +300,7 @@ impl Server {
             listeners,
             endpoints,
             reloader,
+            http,
             saver,
             node,
         })
@@ -296,8 +323,16 @@ impl Server {
         &self.node
     }
 
+    /// The HTTP listener's address (metrics and health), if it has one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|h| h.addr)
+    }
+
     /// Disconnects every client with reason 0x8B and stops.
     pub async fn shutdown(self) {
+        if let Some(http) = &self.http {
+            http.stop();
+        }
         self.broker.shutdown(Duration::from_secs(5)).await;
         if let Some(saver) = self.saver {
             if let Err(e) = saver.finish().await {
@@ -307,6 +342,35 @@ impl Server {
         if let Err(e) = self.node.shutdown().await {
             tracing::error!(error = %e, "closing the state store failed");
         }
+    }
+}
+
+/// The default HTTP address.
+const DEFAULT_HTTP: &str = "127.0.0.1:9600";
+
+/// Starts the HTTP listener `setting` names (unset: the default address, given up with a
+/// warning when it is taken; `off`: none).
+async fn start_http(
+    setting: Option<&str>,
+    sources: metrics::Sources,
+) -> Result<Option<http::HttpListener>, StartError> {
+    let (text, explicit) = match setting {
+        Some(text) => (text, true),
+        None => (DEFAULT_HTTP, false),
+    };
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(None);
+    }
+    let addr: SocketAddr = text
+        .parse()
+        .map_err(|_| StartError::HttpAddress(text.to_owned()))?;
+    match http::HttpListener::start(addr, sources).await {
+        Ok(listener) => Ok(Some(listener)),
+        Err(e) if !explicit => {
+            tracing::warn!(%addr, error = %e, "no HTTP listener (metrics, health): the default address is taken; give --http ADDR:PORT or --http off");
+            Ok(None)
+        }
+        Err(source) => Err(StartError::Listen { addr, source }),
     }
 }
 

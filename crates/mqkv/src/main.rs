@@ -42,6 +42,13 @@ enum Command {
     Client(cli::ClientCommand),
 }
 
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 #[derive(Args)]
 struct ServeArgs {
     /// TOML configuration file; flags given here override it.
@@ -81,6 +88,13 @@ struct ServeArgs {
     /// The authorization policy (YAML, AIO's BrokerAuthorization shape).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// The HTTP listener for /metrics, /healthz and /readyz: ADDR:PORT, or off (default
+    /// 127.0.0.1:9600, skipped with a warning when taken).
+    #[arg(long, value_name = "ADDR:PORT|off")]
+    http: Option<String>,
+    /// Logs as text (default) or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", env = "MQKV_LOG_FORMAT")]
+    log_format: LogFormat,
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -288,6 +302,9 @@ impl ServeArgs {
         if let Some(v) = self.policy {
             c.policy = Some(v);
         }
+        if let Some(v) = self.http {
+            c.http = Some(v);
+        }
         if let Some(v) = self.data_dir {
             c.data_dir = v;
         }
@@ -445,16 +462,24 @@ fn release_freed_memory() {
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
 
+/// Sends logs to standard error, as text or (`json`) one JSON object per line.
+fn init_logs(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
+}
+
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    mqkv_server::set_after_snapshot(release_freed_memory);
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
+    init_logs(matches!(&cli.command, Command::Serve(args) if args.log_format == LogFormat::Json));
+    mqkv_server::set_after_snapshot(release_freed_memory);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Passwd(args) => passwd::run(args),
@@ -490,6 +515,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             let mut out = std::io::stdout().lock();
             for endpoint in &server.endpoints {
                 writeln!(out, "listening on {endpoint}")?;
+            }
+            if let Some(addr) = server.http_addr() {
+                writeln!(out, "http on http://{addr} (/metrics, /healthz, /readyz)")?;
             }
             out.flush()?;
         }

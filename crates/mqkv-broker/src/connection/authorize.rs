@@ -1,8 +1,6 @@
 //! What a connected client may publish and subscribe to: the namespaces reserved for the
 //! server, then the policy's grants ([`crate::access`]). Refusals are counted and logged.
 
-use std::sync::atomic::Ordering;
-
 use super::Conn;
 use crate::access::Subscription;
 
@@ -16,8 +14,8 @@ impl Conn {
             .iter()
             .all(|r| r.allows_publish(topic))
             && self.grants().is_none_or(|g| g.may_publish(topic));
+        self.count_decision(allowed);
         if !allowed {
-            self.inner.denied.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(client_id = %self.client_id, %topic, "publish not authorized");
         }
         allowed
@@ -46,10 +44,20 @@ impl Conn {
             (true, Some(_)) if own => Subscription::Whole,
             (true, Some(g)) => g.subscription(group, filter),
         };
+        self.count_decision(grant != Subscription::Denied);
         if grant == Subscription::Denied {
-            self.inner.denied.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(client_id = %self.client_id, %filter, "subscription not authorized");
         }
         grant
+    }
+
+    /// Counts an authorization decision: every refusal, and every allowance a policy gave.
+    fn count_decision(&self, allowed: bool) {
+        let counters = self.inner.stats.here();
+        if !allowed {
+            crate::stats::add(&counters.authorization_deny, 1);
+        } else if self.ident.grants.is_some() {
+            crate::stats::add(&counters.authorization_allow, 1);
+        }
     }
 }

@@ -33,7 +33,7 @@ pub(crate) async fn run(
     local: SocketAddr,
     transport: Arc<Transport>,
 ) {
-    let (live, over_limit) = LiveGuard::new(inner.clone(), peer.ip());
+    let (live, over_limit) = LiveGuard::new(inner.clone(), peer.ip(), transport.kind());
     tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
     let max_in = inner.config.max_packet_size as usize;
     // A WebSocket message may carry a whole packet and the start of the next.
@@ -219,9 +219,11 @@ pub(crate) async fn run(
     let principal = match authenticated {
         Ok(p) => {
             inner.throttle.succeeded(peer.ip());
+            crate::stats::add(&inner.stats.here().authentication_successes, 1);
             Arc::new(p)
         }
         Err(code) => {
+            crate::stats::add(&inner.stats.here().authentication_failures, 1);
             let wait = match code {
                 reason::BAD_USER_NAME_OR_PASSWORD | reason::NOT_AUTHORIZED => {
                     inner.throttle.failed(peer.ip(), Instant::now())

@@ -48,25 +48,33 @@ use read_room::ReadRoom;
 use writing::Writer;
 
 /// Counts the connection as live for as long as it exists.
-/// Counts a connection as live (and, under a per-address limit, against its address) until it
-/// ends.
+/// The listener kinds connections are counted by (see `Inner::live_by_kind`).
+pub(crate) const KINDS: [&str; 4] = ["tcp", "tls", "ws", "wss"];
+
+/// Counts a connection as live (by its listener's kind and, under a per-address limit,
+/// against its address) until it ends.
 pub(super) struct LiveGuard {
     inner: Arc<Inner>,
     /// The address counted in `Inner::per_address`, if it is.
     counted: Option<std::net::IpAddr>,
+    /// Its listener kind's index in [`KINDS`].
+    kind: usize,
 }
 
 impl LiveGuard {
-    /// Counts a new connection from `ip`; the second value says whether the address is over
-    /// its limit with it.
-    pub(super) fn new(inner: Arc<Inner>, ip: std::net::IpAddr) -> (LiveGuard, bool) {
+    /// Counts a new connection from `ip` on a listener of `kind`; the second value says
+    /// whether the address is over its limit with it.
+    pub(super) fn new(inner: Arc<Inner>, ip: std::net::IpAddr, kind: &str) -> (LiveGuard, bool) {
         inner.live_connections.fetch_add(1, Ordering::Relaxed);
+        let kind = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
+        inner.live_by_kind[kind].fetch_add(1, Ordering::Relaxed);
         let limit = inner.config.max_connections_per_address;
         if limit == 0 {
             return (
                 LiveGuard {
                     inner,
                     counted: None,
+                    kind,
                 },
                 false,
             );
@@ -81,6 +89,7 @@ impl LiveGuard {
             LiveGuard {
                 inner,
                 counted: Some(ip),
+                kind,
             },
             over,
         )
@@ -98,6 +107,7 @@ impl Drop for LiveGuard {
                 }
             }
         }
+        self.inner.live_by_kind[self.kind].fetch_sub(1, Ordering::Relaxed);
         self.inner.live_connections.fetch_sub(1, Ordering::Relaxed);
         self.inner.connection_closed.notify_waiters();
     }

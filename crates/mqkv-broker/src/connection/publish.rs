@@ -78,6 +78,9 @@ impl Conn {
     /// into a future of its own on its way.
     pub(super) fn publish(&mut self, mut p: codec::Publish) -> Result<Option<Handoff>, Violation> {
         let v5 = self.v5();
+        let counters = self.inner.stats.here();
+        crate::stats::add(&counters.publishes_received, 1);
+        crate::stats::add(&counters.payload_bytes_received, p.payload.len() as u64);
         // Topic alias.
         if let Some(alias) = p.properties.topic_alias.take() {
             let max = self.inner.config.topic_alias_maximum;

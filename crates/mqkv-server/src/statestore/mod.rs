@@ -13,6 +13,7 @@
 //! the request's response is published; a client that observes and mutates the same key sees the
 //! notification first.
 
+pub mod counters;
 mod notifier;
 mod rate;
 
@@ -31,6 +32,7 @@ use mqkv_protocol::{
 use mqkv_raft::StoreNode;
 use mqkv_store::{DedupId, Entry, Op, Request};
 
+pub use counters::StoreCounters;
 pub use notifier::Notifier;
 
 /// How long a request's answer is remembered for redeliveries when the request carries no
@@ -59,6 +61,7 @@ pub struct StateStoreService {
     notifier: Arc<Notifier>,
     /// Requests per second per connection, when limited.
     rate: Option<rate::RateLimit>,
+    counters: Arc<StoreCounters>,
 }
 
 impl StateStoreService {
@@ -70,11 +73,13 @@ impl StateStoreService {
         node: StoreNode,
         notifier: Arc<Notifier>,
         max_requests_per_second: u32,
+        counters: Arc<StoreCounters>,
     ) -> Arc<StateStoreService> {
         let service = Arc::new(StateStoreService {
             broker: broker.clone(),
             node,
             notifier,
+            counters,
             rate: (max_requests_per_second > 0)
                 .then(|| rate::RateLimit::new(max_requests_per_second)),
         });
@@ -185,10 +190,20 @@ impl StateStoreService {
             Ok(r) => r,
             Err(kind) => return Handled::Done(Some(respond(reply, &Response::Error(kind), None))),
         };
+        let existed = match &request.command {
+            Command::Set { key, .. } => self
+                .node
+                .read(|m| m.get_with(key, now, |_, _| ()).is_some()),
+            _ => false,
+        };
+        self.counters.request(&request.command, existed);
+        let started = std::time::Instant::now();
+        let command = counters::command_index(&request.command);
         if let Err(kind) = mqkv_store::validate(&request, now) {
             return Handled::Done(Some(respond(reply, &Response::Error(kind), None)));
         }
         if !authorized(&request.command, &p.from) {
+            mqkv_broker::stats::add(&self.counters.here().not_authorized, 1);
             tracing::debug!(client_id = %p.from.client_id, command = request.command.verb(), "state store request not authorized");
             let denied = Response::Error(mqkv_protocol::ErrorKind::NotAuthorized);
             return Handled::Done(Some(respond(reply, &denied, None)));
@@ -220,11 +235,14 @@ impl StateStoreService {
                 let node = self.node.clone();
                 let ready = node.linearizable();
                 let who = p.from;
+                let counters = self.counters.clone();
                 return Handled::Running(Box::pin(async move {
-                    Some(match ready.await {
+                    let answer = match ready.await {
                         Ok(()) => read(&node, &request.command, reply, now_ms(), &who),
                         Err(e) => unavailable(reply, &e.to_string()),
-                    })
+                    };
+                    counters.answered(command, started.elapsed());
+                    Some(answer)
                 }));
             }
             Command::Get { .. } | Command::Scan { .. } => {
@@ -245,17 +263,21 @@ impl StateStoreService {
                     now_ms: now,
                     op: Op::Request(request),
                 });
+                let counters = self.counters.clone();
                 return Handled::Running(Box::pin(async move {
-                    Some(match written.await {
+                    let answer = match written.await {
                         Ok(applied) => respond(reply, &applied.response, applied.version.as_ref()),
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
                             unavailable(reply, &e.to_string())
                         }
-                    })
+                    };
+                    counters.answered(command, started.elapsed());
+                    Some(answer)
                 }));
             }
         };
+        self.counters.answered(command, started.elapsed());
         Handled::Done(Some(answer))
     }
 }

@@ -129,6 +129,8 @@ pub struct Notifier {
     /// Most keys one connection may observe at once.
     pub(super) max_observed: usize,
     pub(super) observers: Mutex<Observers>,
+    /// Where notifications sent are counted.
+    counters: Arc<super::counters::StoreCounters>,
     /// Poked after an applied SET with a deadline: the earliest deadline may now be sooner
     /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
     /// snapshot installed from another member, which the loop's periodic look catches.
@@ -136,10 +138,15 @@ pub struct Notifier {
 }
 
 impl Notifier {
-    pub fn new(broker: &Broker, max_observed: usize) -> Arc<Notifier> {
+    pub fn new(
+        broker: &Broker,
+        max_observed: usize,
+        counters: Arc<super::counters::StoreCounters>,
+    ) -> Arc<Notifier> {
         Arc::new(Notifier {
             broker: broker.clone(),
             max_observed,
+            counters,
             observers: Mutex::new(Observers::default()),
             deadline_set: Notify::new(),
         })
@@ -192,7 +199,9 @@ impl Notifier {
                         ..Default::default()
                     },
                 };
-                self.broker.deliver(&client, msg);
+                if self.broker.deliver(&client, msg) {
+                    mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
+                }
             }
         }
     }

@@ -1,0 +1,331 @@
+//! `/metrics`: the Prometheus text format, with the AIO broker's metric names wherever one
+//! exists (so AIO's dashboards and alerts work) and mqkv's own beside them.
+
+use std::fmt::Write;
+
+use mqkv_broker::Broker;
+use mqkv_raft::StoreNode;
+
+use crate::statestore::counters::{StoreCounters, BUCKETS_US, COMMANDS};
+
+/// What `/metrics` reads.
+pub struct Sources {
+    pub broker: Broker,
+    pub node: StoreNode,
+    pub counters: std::sync::Arc<StoreCounters>,
+    /// The `hostname` label every metric carries, as AIO's do.
+    pub hostname: String,
+    /// The queue policy, for the label of queue drops.
+    pub queue_full: &'static str,
+}
+
+/// The machine's host name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Escapes a label value.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct Out {
+    text: String,
+    host: String,
+}
+
+impl Out {
+    fn header(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        let _ = write!(self.text, "{name}{{hostname=\"{}\"", self.host);
+        for (k, v) in labels {
+            let _ = write!(self.text, ",{k}=\"{}\"", label(v));
+        }
+        let _ = writeln!(self.text, "}} {value}");
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+        self.header(name, kind, help);
+        self.sample(name, &[], value);
+    }
+}
+
+/// The whole `/metrics` page.
+pub fn render(s: &Sources) -> String {
+    let mut o = Out {
+        text: String::with_capacity(16 * 1024),
+        host: label(&s.hostname),
+    };
+    let b = s.broker.stats();
+    let c = &s.counters;
+
+    // The state store, by AIO's names: requests received, errors included.
+    let store = [
+        (
+            "insertions",
+            "SET requests of a key that did not exist",
+            c.total(|x| &x.insertions),
+        ),
+        (
+            "modifications",
+            "SET requests of a key that existed",
+            c.total(|x| &x.modifications),
+        ),
+        (
+            "deletions",
+            "DEL and VDEL requests",
+            c.total(|x| &x.deletions),
+        ),
+        ("retrievals", "GET requests", c.total(|x| &x.retrievals)),
+        (
+            "keynotify_requests",
+            "KEYNOTIFY requests",
+            c.total(|x| &x.keynotify_requests),
+        ),
+        (
+            "notifications_sent",
+            "key change notifications sent",
+            c.total(|x| &x.notifications_sent),
+        ),
+    ];
+    for (name, help, value) in store {
+        o.one(
+            &format!("aio_broker_state_store_{name}"),
+            "counter",
+            help,
+            value,
+        );
+    }
+
+    // The broker, by AIO's names.
+    let broker = [
+        (
+            "aio_broker_publishes_received",
+            "counter",
+            "PUBLISH packets received from clients",
+            b.publishes_received,
+        ),
+        (
+            "aio_broker_publishes_sent",
+            "counter",
+            "PUBLISH packets sent to clients",
+            b.publishes_sent,
+        ),
+        (
+            "aio_broker_payload_bytes_received",
+            "counter",
+            "payload bytes of PUBLISH packets received",
+            b.payload_bytes_received,
+        ),
+        (
+            "aio_broker_payload_bytes_sent",
+            "counter",
+            "payload bytes of PUBLISH packets sent",
+            b.payload_bytes_sent,
+        ),
+        (
+            "aio_broker_qos0_messages_dropped",
+            "counter",
+            "QoS 0 messages dropped for a disconnected or full session",
+            b.qos0_dropped,
+        ),
+        (
+            "aio_broker_connected_sessions",
+            "gauge",
+            "sessions with a connection",
+            b.connected_sessions,
+        ),
+        (
+            "aio_broker_total_sessions",
+            "gauge",
+            "sessions, connected or kept for a disconnected client",
+            b.total_sessions,
+        ),
+        (
+            "aio_broker_total_subscriptions",
+            "gauge",
+            "subscriptions of every session",
+            b.total_subscriptions,
+        ),
+        (
+            "aio_broker_store_retained_messages",
+            "gauge",
+            "retained messages",
+            b.retained_messages,
+        ),
+        (
+            "aio_broker_store_retained_bytes",
+            "gauge",
+            "topic and payload bytes of the retained messages",
+            b.retained_bytes,
+        ),
+        (
+            "aio_broker_authentication_successes",
+            "counter",
+            "connections authenticated",
+            b.authentication_successes,
+        ),
+        (
+            "aio_broker_authentication_failures",
+            "counter",
+            "connections refused by authentication",
+            b.authentication_failures,
+        ),
+        (
+            "aio_broker_authorization_allow",
+            "counter",
+            "operations a policy allowed",
+            b.authorization_allow,
+        ),
+        (
+            "aio_broker_authorization_deny",
+            "counter",
+            "operations refused by the policy or a namespace reserved for the server",
+            b.authorization_deny,
+        ),
+    ];
+    for (name, kind, help, value) in broker {
+        o.one(name, kind, help, value);
+    }
+
+    // mqkv's own.
+    o.header(
+        "mqkv_connections",
+        "gauge",
+        "open connections by listener kind",
+    );
+    for (kind, n) in &b.connections {
+        o.sample("mqkv_connections", &[("kind", kind)], n);
+    }
+    o.header(
+        "mqkv_queue_dropped_messages",
+        "counter",
+        "messages dropped by full session queues, by the queue policy",
+    );
+    o.sample(
+        "mqkv_queue_dropped_messages",
+        &[("policy", s.queue_full)],
+        b.queue_full_dropped,
+    );
+    o.one(
+        "mqkv_state_store_scans",
+        "counter",
+        "SCAN requests",
+        c.total(|x| &x.scans),
+    );
+    o.one(
+        "mqkv_state_store_not_authorized",
+        "counter",
+        "state store requests refused by the policy",
+        c.total(|x| &x.not_authorized),
+    );
+
+    let name = "mqkv_state_store_request_duration_seconds";
+    o.header(
+        name,
+        "histogram",
+        "time from a state store request's arrival to its answer, by command",
+    );
+    for (i, command) in COMMANDS.iter().enumerate() {
+        let h = c.latency(i);
+        for (bound, count) in BUCKETS_US.iter().zip(&h.cumulative) {
+            let le = format!("{}", *bound as f64 / 1e6);
+            o.sample(
+                &format!("{name}_bucket"),
+                &[("command", command), ("le", &le)],
+                count,
+            );
+        }
+        let total = h.cumulative.last().copied().unwrap_or(0);
+        o.sample(
+            &format!("{name}_bucket"),
+            &[("command", command), ("le", "+Inf")],
+            total,
+        );
+        o.sample(
+            &format!("{name}_sum"),
+            &[("command", command)],
+            h.sum_us as f64 / 1e6,
+        );
+        o.sample(&format!("{name}_count"), &[("command", command)], total);
+    }
+
+    let (keys, bytes, limits) = s
+        .node
+        .read(|m| (m.len() as u64, m.stored_bytes(), m.limits()));
+    o.one("mqkv_state_store_keys", "gauge", "keys stored", keys);
+    o.one(
+        "mqkv_state_store_bytes",
+        "gauge",
+        "bytes of keys and values stored",
+        bytes,
+    );
+    if let Some(max) = limits.max_keys {
+        o.one("mqkv_state_store_max_keys", "gauge", "the key quota", max);
+    }
+    if let Some(max) = limits.max_bytes {
+        o.one("mqkv_state_store_max_bytes", "gauge", "the byte quota", max);
+    }
+
+    let raft = s.node.raft_figures();
+    let stats = s.node.stats();
+    let node = s.node.node_id().to_string();
+    let node_label = [("node", node.as_str())];
+    let raft_gauges = [
+        ("mqkv_raft_term", "the current raft term", raft.term),
+        (
+            "mqkv_raft_leader",
+            "the leader's node id (0: none known)",
+            raft.leader.unwrap_or(0),
+        ),
+        (
+            "mqkv_raft_is_leader",
+            "1 while this node leads",
+            u64::from(raft.is_leader),
+        ),
+        (
+            "mqkv_raft_last_log_index",
+            "index of the last entry in this node's log",
+            raft.last_log_index.unwrap_or(0),
+        ),
+        (
+            "mqkv_raft_applied_index",
+            "index of the last entry this node applied",
+            raft.applied_index.unwrap_or(0),
+        ),
+    ];
+    for (name, help, value) in raft_gauges {
+        o.header(name, "gauge", help);
+        o.sample(name, &node_label, value);
+    }
+    o.one(
+        "mqkv_log_commits",
+        "counter",
+        "durable commits (syncs) of the log; log entries written over this is the batch size",
+        stats.log_commits,
+    );
+    o.one(
+        "mqkv_log_entries_written",
+        "counter",
+        "log entries written",
+        stats.log_entries_written,
+    );
+    o.one(
+        "mqkv_snapshots_built",
+        "counter",
+        "snapshots written",
+        stats.snapshots_built,
+    );
+    o.text
+}
