@@ -511,15 +511,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let signals = Signals::install()?;
         let server = Server::start(config).await?;
         {
-            // One line per listener on standard output, so scripts and tests can find ports.
-            let mut out = std::io::stdout().lock();
+            // One line per listener on standard output, so scripts and tests can find ports:
+            // written at once, and a reader that stopped reading (a closed pipe) does not stop
+            // the server.
+            let mut text = String::new();
             for endpoint in &server.endpoints {
-                writeln!(out, "listening on {endpoint}")?;
+                text.push_str(&format!("listening on {endpoint}\n"));
             }
             if let Some(addr) = server.http_addr() {
-                writeln!(out, "http on http://{addr} (/metrics, /healthz, /readyz)")?;
+                text.push_str(&format!("http on http://{addr} (/metrics, /healthz, /readyz)\n"));
             }
-            out.flush()?;
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+                tracing::warn!(error = %e, "cannot write the listening addresses to standard output");
+            }
         }
         for endpoint in &server.endpoints {
             tracing::info!(%endpoint, "listening");
