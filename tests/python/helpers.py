@@ -106,7 +106,10 @@ class MqkvServer:
         self.started_at = time.monotonic()
         self.host = HOST
 
-    def _read_port(self) -> int:
+    def _read_stdout_line(self, prefix: str, what: str) -> str:
+        """The rest of the next line on the server's standard output that starts with
+        `prefix` (other lines are skipped), read a byte at a time so that nothing after it is
+        consumed."""
         deadline = time.monotonic() + 10
         line = b""
         while time.monotonic() < deadline:
@@ -118,39 +121,27 @@ class MqkvServer:
                 line += chunk
                 if chunk == b"\n":
                     text = line.decode().strip()
-                    if text.startswith("listening on "):
-                        where = text.removeprefix("listening on ")
-                        kind, _, addr = where.rpartition("://")
-                        port = int(addr.split("/", 1)[0].rsplit(":", 1)[1])
-                        self.listening.append((kind or "tcp", port))
-                        return port
+                    if text.startswith(prefix):
+                        return text.removeprefix(prefix)
                     line = b""
             elif self.proc.poll() is not None:
                 break
         self.proc.kill()
         raise RuntimeError(
-            f"mqkv did not report a listener: {self.cmd}\nstderr:\n{self.stderr_text()}"
+            f"mqkv did not report {what}: {self.cmd}\nstderr:\n{self.stderr_text()}"
         )
+
+    def _read_port(self) -> int:
+        where = self._read_stdout_line("listening on ", "a listener")
+        kind, _, addr = where.rpartition("://")
+        port = int(addr.split("/", 1)[0].rsplit(":", 1)[1])
+        self.listening.append((kind or "tcp", port))
+        return port
 
     def _read_http(self) -> int:
         """The port of the `http on http://ADDR:PORT ...` line."""
-        deadline = time.monotonic() + 10
-        line = b""
-        while time.monotonic() < deadline:
-            r, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if not r:
-                continue
-            chunk = os.read(self.proc.stdout.fileno(), 1)
-            if not chunk:
-                break
-            line += chunk
-            if chunk == b"\n":
-                text = line.decode().strip()
-                if text.startswith("http on http://"):
-                    addr = text.removeprefix("http on http://").split(" ", 1)[0]
-                    return int(addr.rsplit(":", 1)[1])
-                line = b""
-        raise RuntimeError(f"mqkv did not report its HTTP listener: {self.cmd}")
+        addr = self._read_stdout_line("http on http://", "its HTTP listener").split(" ", 1)[0]
+        return int(addr.rsplit(":", 1)[1])
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -307,16 +307,21 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_verified_certificate_names_the_client_anywhere() {
-        let a = authenticator(None, Passwords::default());
-        let mut cert = crate::transport::PeerCertificate {
-            subject: "CN=device-1, O=Contoso".into(),
+    /// The verified certificate of `device-1`, signed by the Contoso root.
+    fn device_cert(subject: &str) -> crate::transport::PeerCertificate {
+        crate::transport::PeerCertificate {
+            subject: subject.into(),
             common_name: Some("device-1".into()),
             subject_alt_names: vec![],
             issuers: vec!["CN=Contoso Root".into()],
             der: vec![],
-        };
+        }
+    }
+
+    #[test]
+    fn a_verified_certificate_names_the_client_anywhere() {
+        let a = authenticator(None, Passwords::default());
+        let mut cert = device_cert("CN=device-1, O=Contoso");
         let mut r = req(None, None, "10.0.0.1:8883");
         r.certificate = Some(&cert);
         assert_eq!(a.authenticate(&r), Ok(Principal::user("device-1")));
@@ -350,13 +355,7 @@ mod tests {
             ),
             rule("CN = someone-else", &[("building", "99")]),
         ];
-        let cert = crate::transport::PeerCertificate {
-            subject: "CN=device-1,O=Contoso".into(),
-            common_name: Some("device-1".into()),
-            subject_alt_names: vec![],
-            issuers: vec!["CN=Contoso Root".into()],
-            der: vec![],
-        };
+        let cert = device_cert("CN=device-1,O=Contoso");
         let mut r = req(None, None, "10.0.0.1:8883");
         r.certificate = Some(&cert);
         let p = a.authenticate(&r).expect("accepted");
