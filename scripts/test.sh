@@ -9,19 +9,23 @@ if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
 
 # Debian packages: the mosquitto command-line clients are real peers in the interop tests;
 # Mosquitto and Redis are the benchmark's side-by-side anchors, and etcd its cluster anchor
-# (its smoke tests run them); openssl makes the TLS certificates of the SDK interop tests.
+# (its smoke tests run them); openssl makes the TLS certificates of the SDK interop tests;
+# Chromium and its driver run the dashboard's browser tests.
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v mosquitto_rr >/dev/null 2>&1 || missing+=(mosquitto-clients)
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
-# Python packages: paho-mqtt, pytest, and cryptography for the tests' certificates.
+# Python packages: paho-mqtt, pytest, cryptography for the tests' certificates, Selenium for
+# the browser tests.
 python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
 
 # Build everything first: the Python and SDK suites start the freshly built server.

@@ -40,6 +40,8 @@ class StoreClient:
         self.response_topic = response_topic or f"clients/{client_id}/statestore/response"
         self.suback = paho.subscribe(self.response_topic, qos=1)
         self.others = []
+        # The latest response message, for its properties.
+        self.last = None
 
     def request(self, *args: bytes | str, timeout: float = 5.0) -> bytes:
         """Sends one request and returns the response payload (RESP3)."""
@@ -55,6 +57,7 @@ class StoreClient:
         while True:
             m = self.paho.get(timeout=max(0.01, deadline - time.monotonic()))
             if m.topic == self.response_topic and m.properties.CorrelationData == corr:
+                self.last = m
                 return m.payload
             self.others.append(m)
 

@@ -105,6 +105,7 @@ def test_state_store_counters_and_latency(mqkv):
     for k in ("a", "b", "c"):
         assert c.set(k, "1") == b"+OK\r\n"
     assert c.set("existing", "2") == b"+OK\r\n"
+    assert c.request("SET", "existing", "3", "NX") == b":-1\r\n"
     assert c.get("a") == b"$1\r\n1\r\n"
     assert c.get("missing") == b"$-1\r\n"
     assert c.request("DEL", "b") == b":1\r\n"
@@ -115,16 +116,16 @@ def test_state_store_counters_and_latency(mqkv):
     after = quiet(server)
     d = lambda name, **kw: delta(before, after, name, **kw)  # noqa: E731
     assert d("aio_broker_state_store_insertions") == 3
-    assert d("aio_broker_state_store_modifications") == 1
+    assert d("aio_broker_state_store_modifications") == 2
     assert d("aio_broker_state_store_retrievals") == 2
     assert d("aio_broker_state_store_deletions") == 2
     assert d("aio_broker_state_store_keynotify_requests") == 1
     assert d("aio_broker_state_store_notifications_sent") == 1
     assert d("mqkv_state_store_scans") == 1
     # Every request is a PUBLISH received and answered with one.
-    assert d("aio_broker_publishes_received") == 10
-    assert d("aio_broker_publishes_sent") == 10 + 1
-    for command, n in (("SET", 4), ("GET", 2), ("DEL", 1), ("VDEL", 1), ("KEYNOTIFY", 1),
+    assert d("aio_broker_publishes_received") == 11
+    assert d("aio_broker_publishes_sent") == 11 + 1
+    for command, n in (("SET", 5), ("GET", 2), ("DEL", 1), ("VDEL", 1), ("KEYNOTIFY", 1),
                        ("SCAN", 1)):
         assert d("mqkv_state_store_request_duration_seconds_count", command=command) == n
         assert d("mqkv_state_store_request_duration_seconds_bucket", command=command,
@@ -201,3 +202,20 @@ def test_json_logs(tmp_path):
     lines = [json.loads(x) for x in err.decode().splitlines() if x.strip()]
     assert lines, "no log lines"
     assert all("level" in x and "fields" in x for x in lines), lines[:3]
+
+
+def test_durable_log_writes_are_counted_and_timed(mqkv, tmp_path):
+    server = mqkv("--http", f"{HOST}:0", "--storage", "disk", "--data-dir", tmp_path / "data")
+    c = StoreClient(Paho(server, "store"), "store")
+    before = quiet(server)
+    for i in range(5):
+        assert c.set(f"k{i}", "v") == b"+OK\r\n"
+    after = quiet(server)
+    d = lambda name, **kw: delta(before, after, name, **kw)  # noqa: E731
+    # Each SET waited for its own append here (one client, one request at a time).
+    commits = d("mqkv_log_commits")
+    assert commits >= 5
+    assert d("mqkv_log_write_duration_seconds_count") == commits
+    assert d("mqkv_log_write_duration_seconds_bucket", le="+Inf") == commits
+    assert d("mqkv_log_write_duration_seconds_sum") > 0
+    assert d("mqkv_log_entries_written") >= commits

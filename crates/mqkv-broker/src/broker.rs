@@ -143,6 +143,11 @@ impl Broker {
         self.inner.reserve(reserved);
     }
 
+    /// What the broker has counted so far, without the gauges (which look at every session).
+    pub fn counters(&self) -> crate::stats::BrokerStats {
+        crate::stats::BrokerStats::counters(&self.inner.stats)
+    }
+
     /// What the broker has counted so far, and its gauges now.
     pub fn stats(&self) -> crate::stats::BrokerStats {
         let inner = &self.inner;

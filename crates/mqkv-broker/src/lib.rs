@@ -15,6 +15,7 @@ pub mod config;
 mod connection;
 pub mod federation;
 mod inner;
+pub mod inspect;
 mod listener;
 pub mod passwords;
 pub mod persist;

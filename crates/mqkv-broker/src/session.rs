@@ -537,7 +537,6 @@ impl Session {
         if link.closing {
             return Some(true);
         }
-        let stats = st.stats.clone();
         if link.resend {
             link.resend = false;
             for (id, inf) in &st.inflight {
@@ -585,7 +584,8 @@ impl Session {
                 st.inflight.push_back((packet_id, Inflight::Publish(d)));
             }
         }
-        if let Some(stats) = stats.filter(|_| sent > 0) {
+        // Not a clone of the shared `Arc`: its count would move between threads on every pass.
+        if let Some(stats) = st.stats.as_deref().filter(|_| sent > 0) {
             let here = stats.here();
             crate::stats::add(&here.publishes_sent, sent);
             crate::stats::add(&here.payload_bytes_sent, bytes);

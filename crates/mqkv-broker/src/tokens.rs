@@ -398,10 +398,9 @@ mod tests {
         })
     }
 
-    fn dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("mqkv-tokens-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&d).expect("dir");
-        d
+    /// A directory removed when the test ends.
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().expect("dir")
     }
 
     #[test]
@@ -409,7 +408,7 @@ mod tests {
         let d = dir();
         let (a, b) = (issuer(), issuer());
         let v = verifier(
-            &d,
+            d.path(),
             &[&a, &b],
             TokenSettings {
                 issuers: vec!["https://kubernetes.default.svc".into()],
@@ -435,7 +434,7 @@ mod tests {
         let d = dir();
         let (a, stranger) = (issuer(), issuer());
         let v = verifier(
-            &d,
+            d.path(),
             &[&a],
             TokenSettings {
                 audiences: vec!["aio-internal".into()],
@@ -495,7 +494,7 @@ mod tests {
             { "kty": "oct", "k": "c2VjcmV0" },
             { "kty": "OKP", "crv": "Ed25519", "x": x, "kid": "k1" }
         ]});
-        let path = d.join("jwks.json");
+        let path = d.path().join("jwks.json");
         std::fs::write(&path, jwks.to_string()).expect("write");
         let mut attribute_claims = BTreeMap::new();
         attribute_claims.insert("site".to_string(), "ext.site".to_string());

@@ -124,7 +124,7 @@ pub use node::{NodeOptions, StoreNode};
 pub use proposer::PendingWrite;
 pub use runtime::SharedThread;
 pub use state_machine::{set_after_snapshot, ApplyHook, InstallHook};
-pub use stats::{RaftFigures, StoreStats};
+pub use stats::{RaftFigures, StoreStats, LOG_WRITE_BUCKETS_US};
 pub use status::{ClusterStatus, MemberStatus, NodeReport, Role};
 pub use types::{NodeId, DEFAULT_NODE_ID};
 pub use uring::direct_log_writes_work;

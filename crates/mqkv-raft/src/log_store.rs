@@ -580,6 +580,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<RaftEntry> = entries.into_iter().collect();
+        let started = std::time::Instant::now();
         let elsewhere = self.shared.sync_elsewhere;
         let (written, direct) = {
             let mut log = self.shared.lock();
@@ -600,6 +601,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         match result {
             Ok(()) => {
+                self.shared.counters.log_write_took(started.elapsed());
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }

@@ -396,6 +396,10 @@ impl StoreNode {
             snapshots_piecewise: Counters::get(&counters.snapshots_piecewise),
             snapshot_index: self.inner.state.snapshot_index(),
             applied_index: self.inner.state.read().last_applied.map(|id| id.index),
+            log_write_buckets: std::array::from_fn(|i| {
+                Counters::get(&counters.log_write_buckets[i])
+            }),
+            log_write_us: Counters::get(&counters.log_write_us),
         }
     }
 }

@@ -27,7 +27,17 @@ pub struct StoreStats {
     pub snapshot_index: Option<u64>,
     /// Index of the last applied entry.
     pub applied_index: Option<u64>,
+    /// How long durable log appends took (write and sync of one batch): a count per bucket
+    /// of [`LOG_WRITE_BUCKETS_US`], then one for longer.
+    pub log_write_buckets: [u64; LOG_WRITE_BUCKETS_US.len() + 1],
+    /// The sum of those durations, in microseconds.
+    pub log_write_us: u64,
 }
+
+/// Upper bounds of the log append latency buckets, in microseconds.
+pub const LOG_WRITE_BUCKETS_US: [u64; 12] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+];
 
 /// Where this node's raft stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -54,6 +64,8 @@ pub(crate) struct Counters {
     pub(crate) log_bytes_since_snapshot: AtomicU64,
     /// Encoded size of the latest snapshot.
     pub(crate) snapshot_bytes: AtomicU64,
+    pub(crate) log_write_buckets: [AtomicU64; LOG_WRITE_BUCKETS_US.len() + 1],
+    pub(crate) log_write_us: AtomicU64,
 }
 
 impl Counters {
@@ -63,6 +75,17 @@ impl Counters {
 
     pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
+    }
+
+    /// A durable log append took `elapsed`.
+    pub(crate) fn log_write_took(&self, elapsed: std::time::Duration) {
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let i = LOG_WRITE_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LOG_WRITE_BUCKETS_US.len());
+        Self::add(&self.log_write_buckets[i], 1);
+        Self::add(&self.log_write_us, us);
     }
 
     pub(crate) fn set(counter: &AtomicU64, n: u64) {

@@ -56,6 +56,7 @@ pub(crate) struct Outcome {
     response: Response,
     version: Option<Hlc>,
     events: Vec<ChangeEvent>,
+    created: bool,
 }
 
 impl From<Applied> for Outcome {
@@ -64,6 +65,7 @@ impl From<Applied> for Outcome {
             response: applied.response,
             version: applied.version,
             events: applied.events,
+            created: applied.created,
         }
     }
 }
@@ -74,6 +76,7 @@ impl From<Outcome> for Applied {
             response: outcome.response,
             version: outcome.version,
             events: outcome.events,
+            created: outcome.created,
         }
     }
 }

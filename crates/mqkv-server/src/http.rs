@@ -1,5 +1,6 @@
-//! The HTTP listener: `/metrics` (Prometheus text), `/healthz` (the process serves) and
-//! `/readyz` (this node can serve state store writes now).
+//! The HTTP listener: `/metrics` (Prometheus text), `/healthz` (the process serves),
+//! `/readyz` (this node can serve state store writes now) and the web dashboard (see
+//! [`crate::dashboard`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::sync::watch;
 
+use crate::dashboard::{self, Dashboard};
 use crate::metrics::{self, Sources};
 
 /// A bound HTTP listener, serving until the server stops.
@@ -21,14 +23,20 @@ pub struct HttpListener {
 
 impl HttpListener {
     /// Binds `addr` and serves there.
-    pub async fn start(addr: SocketAddr, sources: Sources) -> std::io::Result<HttpListener> {
+    pub async fn start(
+        addr: SocketAddr,
+        sources: Sources,
+        dashboard: Arc<Dashboard>,
+    ) -> std::io::Result<HttpListener> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let app = Router::new()
             .route("/metrics", get(metrics_page))
             .route("/healthz", get(healthz))
             .route("/readyz", get(readyz))
-            .with_state(Arc::new(sources));
+            .with_state(Arc::new(sources))
+            .merge(dashboard::routes(dashboard))
+            .into_make_service_with_connect_info::<SocketAddr>();
         let (stop, mut stopped) = watch::channel(false);
         tokio::spawn(async move {
             let shutdown = async move {

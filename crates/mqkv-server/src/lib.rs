@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod dashboard;
 pub mod federation;
 pub mod http;
 pub mod listeners;
@@ -125,8 +126,10 @@ impl Server {
                 })
                 .collect(),
         };
-        let broker = Broker::with_authenticator(broker_config, Arc::new(auth))
-            .map_err(StartError::Threads)?;
+        let auth = Arc::new(auth);
+        let allow_anonymous = broker_config.allow_anonymous;
+        let broker =
+            Broker::with_authenticator(broker_config, auth.clone()).map_err(StartError::Threads)?;
         if let Some((path, policy)) = &policy {
             tracing::info!(file = %path.display(), rules = policy.rule_count(), "authorization policy in force");
             broker.set_policy(Some(policy.clone()));
@@ -218,7 +221,7 @@ impl Server {
                 node.write(entry).await.map_err(StartError::Limits)?;
             }
         }
-        statestore::StateStoreService::start(
+        let service = statestore::StateStoreService::start(
             &broker,
             node.clone(),
             notifier.clone(),
@@ -251,7 +254,7 @@ impl Server {
             passwords,
             tokens: config.tokens.clone().map(|t| (t, tokens)),
             policy: policy.map(|(path, _)| path),
-            notifier,
+            notifier: notifier.clone(),
         });
         let _ = reloader_cell.set(reloader.clone());
         let mut endpoints = Vec::new();
@@ -283,7 +286,21 @@ impl Server {
                 mqkv_broker::QueueFullPolicy::DropOldest => "drop-oldest",
             },
         };
-        let http = match start_http(config.http.as_deref(), sources).await {
+        let dashboard = Arc::new(dashboard::Dashboard {
+            viewers: Arc::new(dashboard::viewers::Viewers::new(
+                broker.clone(),
+                auth,
+                config.password_file.is_some(),
+                allow_anonymous,
+            )),
+            series: dashboard::series::Series::start(broker.clone(), sources.counters.clone()),
+            broker: broker.clone(),
+            node: node.clone(),
+            service,
+            notifier,
+            started: std::time::Instant::now(),
+        });
+        let http = match start_http(config.http.as_deref(), sources, dashboard).await {
             Ok(http) => http,
             Err(e) => {
                 broker.shutdown(Duration::ZERO).await;
@@ -353,6 +370,7 @@ const DEFAULT_HTTP: &str = "127.0.0.1:9600";
 async fn start_http(
     setting: Option<&str>,
     sources: metrics::Sources,
+    dashboard: Arc<dashboard::Dashboard>,
 ) -> Result<Option<http::HttpListener>, StartError> {
     let (text, explicit) = match setting {
         Some(text) => (text, true),
@@ -364,7 +382,7 @@ async fn start_http(
     let addr: SocketAddr = text
         .parse()
         .map_err(|_| StartError::HttpAddress(text.to_owned()))?;
-    match http::HttpListener::start(addr, sources).await {
+    match http::HttpListener::start(addr, sources, dashboard).await {
         Ok(listener) => Ok(Some(listener)),
         Err(e) if !explicit => {
             tracing::warn!(%addr, error = %e, "no HTTP listener (metrics, health): the default address is taken; give --http ADDR:PORT or --http off");

@@ -55,6 +55,30 @@ impl Out {
         let _ = writeln!(self.text, "}} {value}");
     }
 
+    /// The samples of one histogram: `cumulative` holds a count per bound of `bounds_us` (in
+    /// microseconds), then the total.
+    fn histogram(
+        &mut self,
+        name: &str,
+        labels: &[(&str, &str)],
+        bounds_us: &[u64],
+        cumulative: &[u64],
+        sum_us: u64,
+    ) {
+        for (bound, count) in bounds_us.iter().zip(cumulative) {
+            let le = format!("{}", *bound as f64 / 1e6);
+            let mut with_le = labels.to_vec();
+            with_le.push(("le", &le));
+            self.sample(&format!("{name}_bucket"), &with_le, count);
+        }
+        let total = cumulative.last().copied().unwrap_or(0);
+        let mut with_le = labels.to_vec();
+        with_le.push(("le", "+Inf"));
+        self.sample(&format!("{name}_bucket"), &with_le, total);
+        self.sample(&format!("{name}_sum"), labels, sum_us as f64 / 1e6);
+        self.sample(&format!("{name}_count"), labels, total);
+    }
+
     fn one(&mut self, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
         self.header(name, kind, help);
         self.sample(name, &[], value);
@@ -70,16 +94,17 @@ pub fn render(s: &Sources) -> String {
     let b = s.broker.stats();
     let c = &s.counters;
 
-    // The state store, by AIO's names: requests received, errors included.
+    // The state store, by AIO's names: requests received, errors included, except SETs
+    // refused before they reach the log (malformed or not authorized).
     let store = [
         (
             "insertions",
-            "SET requests of a key that did not exist",
+            "SET requests that created their key",
             c.total(|x| &x.insertions),
         ),
         (
             "modifications",
-            "SET requests of a key that existed",
+            "SET requests of a key that existed, applied or refused by their condition",
             c.total(|x| &x.modifications),
         ),
         (
@@ -239,26 +264,13 @@ pub fn render(s: &Sources) -> String {
     );
     for (i, command) in COMMANDS.iter().enumerate() {
         let h = c.latency(i);
-        for (bound, count) in BUCKETS_US.iter().zip(&h.cumulative) {
-            let le = format!("{}", *bound as f64 / 1e6);
-            o.sample(
-                &format!("{name}_bucket"),
-                &[("command", command), ("le", &le)],
-                count,
-            );
-        }
-        let total = h.cumulative.last().copied().unwrap_or(0);
-        o.sample(
-            &format!("{name}_bucket"),
-            &[("command", command), ("le", "+Inf")],
-            total,
-        );
-        o.sample(
-            &format!("{name}_sum"),
+        o.histogram(
+            name,
             &[("command", command)],
-            h.sum_us as f64 / 1e6,
+            &BUCKETS_US,
+            &h.cumulative,
+            h.sum_us,
         );
-        o.sample(&format!("{name}_count"), &[("command", command)], total);
     }
 
     let (keys, bytes, limits) = s
@@ -320,6 +332,27 @@ pub fn render(s: &Sources) -> String {
         "counter",
         "log entries written",
         stats.log_entries_written,
+    );
+    let name = "mqkv_log_write_duration_seconds";
+    o.header(
+        name,
+        "histogram",
+        "durable log appends: the write and sync of one batch of log entries",
+    );
+    let cumulative: Vec<u64> = stats
+        .log_write_buckets
+        .iter()
+        .scan(0, |running, n| {
+            *running += n;
+            Some(*running)
+        })
+        .collect();
+    o.histogram(
+        name,
+        &[],
+        &mqkv_raft::LOG_WRITE_BUCKETS_US,
+        &cumulative,
+        stats.log_write_us,
     );
     o.one(
         "mqkv_snapshots_built",

@@ -19,6 +19,7 @@ impl StateMachine {
                 response: Response::Integer(0),
                 version: None,
                 events,
+                created: false,
             };
         };
         if let Err(kind) = fencing::check(record.fencing_token.as_deref(), request.ft.as_ref()) {
@@ -26,6 +27,7 @@ impl StateMachine {
                 response: Response::Error(kind),
                 version: None,
                 events,
+                created: false,
             };
         }
         let version = self.delete_with_event(key, now, request.ts.as_ref(), &mut events);
@@ -33,6 +35,7 @@ impl StateMachine {
             response: Response::Integer(1),
             version,
             events,
+            created: false,
         }
     }
 }

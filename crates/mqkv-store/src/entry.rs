@@ -105,6 +105,9 @@ pub struct Applied {
     /// found past its deadline is removed (and reported deleted) before the
     /// request itself is judged.
     pub events: Vec<ChangeEvent>,
+    /// True for a SET that created its key (it was absent or past its deadline): what the
+    /// server counts as an insertion rather than a modification.
+    pub created: bool,
 }
 
 impl Applied {
@@ -113,6 +116,7 @@ impl Applied {
             response,
             version,
             events: Vec::new(),
+            created: false,
         }
     }
 

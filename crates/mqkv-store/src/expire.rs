@@ -29,6 +29,7 @@ impl StateMachine {
             response: Response::Integer(i64::try_from(removed).unwrap_or(i64::MAX)),
             version: None,
             events,
+            created: false,
         }
     }
 

@@ -26,6 +26,7 @@
 //! | `meta` | the cluster table is opaque and outside quotas and events |
 //! | `freeze` | a snapshot taken piecewise holds the state of one moment |
 
+mod browse;
 mod config;
 mod dedup;
 mod del;
@@ -43,6 +44,7 @@ mod snapshot;
 mod validate;
 mod vdel;
 
+pub use browse::{RecordPage, RecordView};
 pub use config::{StoreConfig, DEFAULT_SCAN_PAGE_SIZE};
 pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENTION_MS};
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};

@@ -33,14 +33,15 @@ impl StateMachine {
     pub(crate) fn apply_set(&mut self, request: &Request, set: &SetArgs<'_>, now: u64) -> Applied {
         // A SET reports one event, or two when it first purges its own expired key.
         let mut events = Vec::with_capacity(1);
-        let (response, version) = match self.try_set(request, set, now, &mut events) {
+        let (response, version, created) = match self.try_set(request, set, now, &mut events) {
             Ok(answer) => answer,
-            Err(kind) => (Response::Error(kind), None),
+            Err(kind) => (Response::Error(kind), None, false),
         };
         Applied {
             response,
             version,
             events,
+            created,
         }
     }
 
@@ -50,7 +51,7 @@ impl StateMachine {
         set: &SetArgs<'_>,
         now: u64,
         events: &mut Vec<ChangeEvent>,
-    ) -> Result<(Response, Option<Hlc>), ErrorKind> {
+    ) -> Result<(Response, Option<Hlc>, bool), ErrorKind> {
         let SetArgs {
             key,
             value,
@@ -74,8 +75,8 @@ impl StateMachine {
             if let Some(old) = keys.get_mut(&key[..]).filter(|r| r.is_live(now)) {
                 let stored_token = old.fencing_token.as_deref();
                 fencing::check(stored_token, request.ft.as_ref())?;
-                if let Some(refused) = refusal(old, condition, value) {
-                    return Ok(refused);
+                if let Some((refused, stored)) = refusal(old, condition, value) {
+                    return Ok((refused, stored, false));
                 }
                 let replaced = footprint(key, &old.value);
                 if crate::quota::bytes_within(
@@ -90,7 +91,7 @@ impl StateMachine {
                     let record = new_record(value, &version, fencing_token, px_ms, now);
                     overwrite(key, old, record, expiry, frozen, stored_bytes);
                     events.push(set_event(key, value, &version));
-                    return Ok((Response::Ok, Some(version)));
+                    return Ok((Response::Ok, Some(version), false));
                 }
             }
         }
@@ -104,9 +105,10 @@ impl StateMachine {
         }
         let stored_token = existing.and_then(|r| r.fencing_token.as_deref());
         fencing::check(stored_token, request.ft.as_ref())?;
-        if let Some(refused) = existing.and_then(|r| refusal(r, condition, value)) {
-            return Ok(refused);
+        if let Some((refused, stored)) = existing.and_then(|r| refusal(r, condition, value)) {
+            return Ok((refused, stored, false));
         }
+        let created = existing.is_none();
 
         let fencing_token = fencing::after_set(stored_token, request.ft.as_ref());
         let replaced = existing.map(|r| footprint(key, &r.value));
@@ -118,7 +120,7 @@ impl StateMachine {
             .next_version_after(now, request.ts.as_ref(), previous.as_ref());
         self.insert(key, new_record(value, &version, fencing_token, px_ms, now));
         events.push(set_event(key, value, &version));
-        Ok((Response::Ok, Some(version)))
+        Ok((Response::Ok, Some(version), created))
     }
 }
 
@@ -237,6 +239,18 @@ mod tests {
         assert_eq!(applied.events[0].version, v);
         assert_eq!(m.get(b"k", 1_000), Some((b("v"), v)));
         assert_eq!(m.stored_bytes(), 2);
+    }
+
+    /// A SET creates its key when it was absent or past its deadline, and only when applied.
+    #[test]
+    fn created_only_when_the_key_was_not_there() {
+        let mut m = machine();
+        assert!(set_at(&mut m, 1_000, "k", "v", None, Some(50), None).created);
+        assert!(!set_at(&mut m, 1_010, "k", "w", None, Some(50), None).created);
+        assert!(!set_at(&mut m, 1_020, "k", "w", Some(SetCondition::Nx), None, None).created);
+        // Past its deadline the key is gone: the next SET creates it again.
+        assert!(set_at(&mut m, 2_000, "k", "x", None, None, None).created);
+        assert!(!set_at(&mut m, 2_001, "k", "y", None, None, None).created);
     }
 
     #[test]

@@ -25,6 +25,7 @@ impl StateMachine {
                 response: Response::Integer(0),
                 version: None,
                 events,
+                created: false,
             };
         };
         let response = if let Err(kind) =
@@ -39,12 +40,14 @@ impl StateMachine {
                 response: Response::Integer(1),
                 version,
                 events,
+                created: false,
             };
         };
         Applied {
             response,
             version: None,
             events,
+            created: false,
         }
     }
 }

@@ -519,7 +519,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 text.push_str(&format!("listening on {endpoint}\n"));
             }
             if let Some(addr) = server.http_addr() {
-                text.push_str(&format!("http on http://{addr} (/metrics, /healthz, /readyz)\n"));
+                text.push_str(&format!("http on http://{addr} (dashboard, /metrics, /healthz, /readyz)\n"));
             }
             let mut out = std::io::stdout().lock();
             if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {

@@ -128,6 +128,8 @@ async fn a_data_directory_in_use_is_refused() {
         dir,
     ]);
     assert!(err.contains("in use"), "clear message: {err}");
+    drop(_first);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Runs `mqkv serve ARGS`, which must refuse to start; returns what it wrote to standard

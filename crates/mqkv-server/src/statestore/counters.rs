@@ -47,9 +47,9 @@ impl Histogram {
 /// One thread's counts.
 #[derive(Debug, Default)]
 pub struct Slot {
-    /// SET requests of a key that did not exist.
+    /// SET requests that created their key.
     pub insertions: AtomicU64,
-    /// SET requests of a key that existed.
+    /// SET requests of a key that existed (applied or refused by their condition).
     pub modifications: AtomicU64,
     /// DEL and VDEL requests.
     pub deletions: AtomicU64,
@@ -84,18 +84,32 @@ impl StoreCounters {
         self.0.here()
     }
 
-    /// A request received, by its command (`existed`: for a SET, whether its key was there).
-    pub fn request(&self, command: &Command, existed: bool) {
+    /// A request received, by its command. SETs are counted when the log has answered them
+    /// ([`StoreCounters::set_applied`]).
+    pub fn request(&self, command: &Command) {
         let slot = self.here();
         let counter = match command {
-            Command::Set { .. } if existed => &slot.modifications,
-            Command::Set { .. } => &slot.insertions,
+            Command::Set { .. } => return,
             Command::Del { .. } | Command::VDel { .. } => &slot.deletions,
             Command::Get { .. } => &slot.retrievals,
             Command::KeyNotify { .. } => &slot.keynotify_requests,
             Command::Scan { .. } => &slot.scans,
         };
         add(counter, 1);
+    }
+
+    /// A SET the log answered: an insertion when it created its key, else a modification
+    /// (also when its condition or fencing token refused it).
+    pub fn set_applied(&self, created: bool) {
+        let slot = self.here();
+        add(
+            if created {
+                &slot.insertions
+            } else {
+                &slot.modifications
+            },
+            1,
+        );
     }
 
     /// A request of command `COMMANDS[i]` answered `elapsed` after it arrived.
@@ -145,9 +159,10 @@ mod tests {
             condition: None,
             px_ms: None,
         };
-        c.request(&set, false);
-        c.request(&set, true);
-        c.request(&set, true);
+        c.request(&set);
+        c.set_applied(true);
+        c.set_applied(false);
+        c.set_applied(false);
         assert_eq!(c.total(|s| &s.insertions), 1);
         assert_eq!(c.total(|s| &s.modifications), 2);
         c.answered(command_index(&set), Duration::from_micros(80));

@@ -44,6 +44,12 @@ const DEFAULT_DEDUP_WINDOW_MS: u64 = 60_000;
 /// does not.
 const EXPIRY_LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// The response topic of requests made inside this process; nothing is published to it.
+const LOCAL_RESPONSE_TOPIC: &str = "$mqkv/local/response";
+
+/// The node id in the timestamp of requests made inside this process.
+const LOCAL_NODE: &str = "mqkv-dashboard";
+
 /// Reason code sent to a client whose request names a reserved response topic.
 const RESERVED_RESPONSE_TOPIC_REASON: u8 = mqkv_broker::codec::reason::NOT_AUTHORIZED;
 
@@ -94,6 +100,60 @@ impl StateStoreService {
         broker.claim(&[REQUEST_TOPIC], Arc::new(Handle(service.clone())));
         tokio::spawn(service.clone().expire_loop());
         service
+    }
+
+    /// Serves one request made inside this process (the dashboard) as the client `from`,
+    /// exactly as the same request sent over MQTT would be served: the same checks, grants,
+    /// counters and log. Returns the response and its version (`__ts`), or the text of a
+    /// failure that has no RESP3 form (the store unavailable).
+    pub async fn local_request(
+        &self,
+        command: &Command,
+        from: ClientIdentity,
+    ) -> Result<(Response, Option<Hlc>), String> {
+        let publish = ServicePublish {
+            topic: REQUEST_TOPIC.to_owned(),
+            payload: command.encode(),
+            qos: QoS::AtLeastOnce,
+            properties: Properties {
+                response_topic: Some(LOCAL_RESPONSE_TOPIC.to_owned()),
+                correlation_data: Some(Bytes::from_static(b"local")),
+                user_properties: vec![
+                    (
+                        PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                        PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
+                    ),
+                    (
+                        PropStr::Borrowed(prop::TIMESTAMP),
+                        PropStr::Owned(Hlc::new(now_ms(), 0, LOCAL_NODE).to_text()),
+                    ),
+                ],
+                ..Default::default()
+            },
+            from,
+        };
+        let answer = match self.request(publish) {
+            Handled::Done(answer) => answer,
+            Handled::Running(future) => future.await,
+            Handled::AfterEarlier(_) => None,
+        };
+        let Some(answer) = answer else {
+            return Err("the request was not answered".to_owned());
+        };
+        let property = |name: &str| {
+            answer
+                .properties
+                .user_properties
+                .iter()
+                .find(|(k, _)| &**k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        if property(prop::STATUS).as_deref() != Some(prop::STATUS_OK) {
+            return Err(property(prop::STATUS_MESSAGE).unwrap_or_else(|| "failed".to_owned()));
+        }
+        let response = Response::parse(&answer.payload).map_err(|e| e.to_string())?;
+        let version = property(prop::TIMESTAMP).and_then(|t| Hlc::parse(&t).ok());
+        Ok((response, version))
     }
 
     /// Proposes an expiry entry whenever the earliest key deadline passes.
@@ -190,13 +250,8 @@ impl StateStoreService {
             Ok(r) => r,
             Err(kind) => return Handled::Done(Some(respond(reply, &Response::Error(kind), None))),
         };
-        let existed = match &request.command {
-            Command::Set { key, .. } => self
-                .node
-                .read(|m| m.get_with(key, now, |_, _| ()).is_some()),
-            _ => false,
-        };
-        self.counters.request(&request.command, existed);
+        // A SET counts as an insertion or a modification once applied: the store says which.
+        self.counters.request(&request.command);
         let started = std::time::Instant::now();
         let command = counters::command_index(&request.command);
         if let Err(kind) = mqkv_store::validate(&request, now) {
@@ -249,6 +304,7 @@ impl StateStoreService {
                 read(&self.node, &request.command, reply, now, &p.from)
             }
             Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
+                let set = matches!(request.command, Command::Set { .. });
                 let window = reply
                     .expiry
                     .map_or(DEFAULT_DEDUP_WINDOW_MS, |s| u64::from(s) * 1000);
@@ -266,7 +322,12 @@ impl StateStoreService {
                 let counters = self.counters.clone();
                 return Handled::Running(Box::pin(async move {
                     let answer = match written.await {
-                        Ok(applied) => respond(reply, &applied.response, applied.version.as_ref()),
+                        Ok(applied) => {
+                            if set {
+                                counters.set_applied(applied.created);
+                            }
+                            respond(reply, &applied.response, applied.version.as_ref())
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "state store write failed");
                             unavailable(reply, &e.to_string())

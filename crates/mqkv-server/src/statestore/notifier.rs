@@ -11,9 +11,9 @@ use mqkv_broker::{Broker, ClientIdentity, OutboundMessage};
 use mqkv_protocol::properties as prop;
 use mqkv_protocol::{notification_topic, Command};
 use mqkv_raft::ApplyHook;
-use mqkv_store::{Applied, Entry, Op, Request};
+use mqkv_store::{Applied, ChangeEvent, Entry, Op, Request};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 
 /// Who observes which keys, per connection.
 #[derive(Default)]
@@ -135,6 +135,9 @@ pub struct Notifier {
     /// than the one the expiry loop waits for. Nothing else can make it sooner, except a
     /// snapshot installed from another member, which the loop's periodic look catches.
     pub(super) deadline_set: Notify,
+    /// Observers inside this process (the dashboard's live feeds), by client id: their
+    /// notifications go to a channel instead of an MQTT session.
+    local: Mutex<HashMap<Arc<str>, mpsc::Sender<ChangeEvent>>>,
 }
 
 impl Notifier {
@@ -149,7 +152,21 @@ impl Notifier {
             counters,
             observers: Mutex::new(Observers::default()),
             deadline_set: Notify::new(),
+            local: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Makes `client_id` an observer inside this process: the changes of the keys it observes
+    /// (through KEYNOTIFY requests made as that client) come to `sink`, as long as it is open.
+    /// A change that finds the channel full is dropped for it (and not counted as sent).
+    pub fn attach_local(&self, client_id: Arc<str>, sink: mpsc::Sender<ChangeEvent>) {
+        self.local.lock().insert(client_id, sink);
+    }
+
+    /// Ends what [`Notifier::attach_local`] started, and the observations of `who`.
+    pub fn detach_local(&self, who: &ClientIdentity) {
+        self.local.lock().remove(&who.client_id);
+        self.observers.lock().connection_closed(who.connection_id);
     }
 
     /// The hook to install in the store: notifies observers of every applied change, and the
@@ -179,6 +196,12 @@ impl Notifier {
             }
             let payload = event.notification().encode();
             for client in observers {
+                if let Some(sink) = self.local.lock().get(&client) {
+                    if sink.try_send(event.clone()).is_ok() {
+                        mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
+                    }
+                    continue;
+                }
                 let msg = OutboundMessage {
                     topic: notification_topic(client.as_bytes(), &event.key),
                     payload: payload.clone(),
