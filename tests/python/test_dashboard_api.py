@@ -13,6 +13,7 @@ import urllib.request
 from dashboard_client import DashboardApi
 from helpers import HOST, Paho, wait_for
 from statestore import StoreClient
+from test_cluster import free_port, status
 from test_security import POLICY, login, users  # noqa: F401  (fixture)
 
 
@@ -128,7 +129,7 @@ def test_clients_and_cluster_views(mqkv):
     assert mine[0]["subscriptions"] == [["sensors/#", 1]]
     status, body = api.call("/api/cluster")
     assert status == 200 and body["clustered"] is False
-    assert body["nodes"][0]["role"] == "Leader"
+    assert body["nodes"][0]["role"] == "leader"
 
 
 def read_events(resp, n: int, timeout: float = 10.0) -> list[dict]:
@@ -186,3 +187,36 @@ def test_throughput_series_fills(mqkv):
     assert all(x["publishes_received"] >= 0 for x in s)
     assert any(x["publishes_received"] > 0 for x in s), s
     assert s[-1]["connected"] >= 1
+
+
+def test_a_cluster_seen_from_a_follower(mqkv, tmp_path):
+    ports = [free_port() for _ in range(3)]
+    peers = [arg for i, p in enumerate(ports) for arg in ("--peer", f"{i + 1}=127.0.0.1:{p}")]
+    nodes = [mqkv("--http", f"{HOST}:0", "--node-id", str(i + 1), "--cluster-listen",
+                  f"127.0.0.1:{port}", *peers, "--storage", "disk", "--data-dir",
+                  str(tmp_path / f"n{i + 1}")) for i, port in enumerate(ports)]
+
+    def settled():
+        s = status(nodes[0])
+        return s is not None and s.get("leader") is not None and all(
+            n.get("role") in ("leader", "follower") for n in s["nodes"])
+    wait_for(settled, timeout=30, interval=0.2, what="a leader and two followers")
+    leader = status(nodes[0])["leader"]
+    follower = nodes[leader % 3]  # a node that is not the leader
+    api = DashboardApi(follower)
+    status_code, body = api.call("/api/cluster")
+    assert status_code == 200 and body["clustered"] is True, body
+    roles = sorted(n["role"] for n in body["status"]["nodes"])
+    assert roles == ["follower", "follower", "leader"], body
+    # A key written on the leader is in the follower's keys view, and its change in the
+    # follower's live feed.
+    keys = urllib.parse.quote(json.dumps(["shared"]))
+    feed = urllib.request.urlopen(
+        f"http://{HOST}:{follower.http_port}/api/feed?keys={keys}", timeout=10)
+    assert [e["kind"] for e in read_events(feed, 1)] == ["observing"]
+    writer = StoreClient(Paho(nodes[leader - 1], "writer"), "writer")
+    assert writer.set("shared", "from the leader") == b"+OK\r\n"
+    assert [r["value"]["text"] for r in api.keys("shared")["records"]] == ["from the leader"]
+    change = read_events(feed, 1)
+    assert change and change[0]["value"]["text"] == "from the leader", change
+    feed.close()

@@ -114,7 +114,7 @@ def test_every_view_in_a_browser(mqkv, browser):
     shot(browser, "clients")
     # Cluster: this node, leading.
     find(browser, "#tab-cluster").click()
-    text_of(browser, 'tr[data-node="1"]', "Leader")
+    text_of(browser, 'tr[data-node="1"]', "leader")
     shot(browser, "cluster")
     # Throughput: samples arrive every two seconds while traffic flows.
     find(browser, "#tab-throughput").click()

@@ -486,7 +486,7 @@ async fn cluster(
             "clustered": false,
             "nodes": [{
                 "id": d.node.node_id(),
-                "role": if raft.is_leader { "Leader" } else { "Follower" },
+                "role": if raft.is_leader { "leader" } else { "follower" },
                 "term": raft.term,
                 "applied": raft.applied_index,
             }],
