@@ -76,6 +76,12 @@ pub enum DelOutcome {
     },
     /// There was no such key.
     NotFound,
+    /// The key's version was not the one [`crate::DelOptions::if_version`] named: it is
+    /// still there, at `current_version`.
+    NotApplied {
+        /// The key's version now.
+        current_version: Option<Hlc>,
+    },
 }
 
 /// The outcome of a VDEL.
@@ -366,6 +372,43 @@ impl Client {
         get_result(self.call(Command::Get { key }, None).await?)
     }
 
+    /// `MGET` (an mqkv extension): the values and versions of up to
+    /// [`mqkv_protocol::MAX_MGET_KEYS`] keys, read at one moment; `None` for a key that does
+    /// not exist.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: mqkv_client::Client) -> Result<(), mqkv_client::Error> {
+    /// let [a, b] = <[_; 2]>::try_from(client.mget(["a", "b"]).await?).unwrap();
+    /// println!("{a:?} {b:?}");
+    /// # Ok(()) }
+    /// ```
+    pub async fn mget<K: Into<Bytes>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<Vec<Option<Versioned>>> {
+        let keys = keys
+            .into_iter()
+            .map(|k| non_empty(k.into(), "key"))
+            .collect::<Result<Vec<_>>>()?;
+        if keys.is_empty() || keys.len() > mqkv_protocol::MAX_MGET_KEYS {
+            return Err(Error::InvalidArgument(format!(
+                "MGET takes 1 to {} keys",
+                mqkv_protocol::MAX_MGET_KEYS
+            )));
+        }
+        let n = keys.len();
+        match self.call(Command::MGet { keys }, None).await?.response {
+            Response::Values(values) if values.len() == n => Ok(values
+                .into_iter()
+                .map(|v| v.map(|(value, version)| Versioned { value, version }))
+                .collect()),
+            other => Err(Error::protocol(
+                "MGET",
+                format!("unexpected answer {other:?}"),
+            )),
+        }
+    }
+
     /// `SET` without conditions: stores `value` under `key`.
     ///
     /// ```no_run
@@ -401,7 +444,7 @@ impl Client {
         let command = Command::Set {
             key: non_empty(key.into(), "key")?,
             value: value.into(),
-            condition: options.condition,
+            condition: options.condition.clone(),
             px_ms: options.expires_in.map(px_ms).transpose()?,
         };
         let answer = self.call(command, options.fencing_token.as_ref()).await?;
@@ -449,8 +492,13 @@ impl Client {
         key: impl Into<Bytes>,
         options: &DelOptions,
     ) -> Result<DelOutcome> {
-        let command = Command::Del {
-            key: non_empty(key.into(), "key")?,
+        let key = non_empty(key.into(), "key")?;
+        let command = match &options.if_version {
+            Some(version) => Command::DelIfVersion {
+                key,
+                version: version.clone(),
+            },
+            None => Command::Del { key },
         };
         let answer = self.call(command, options.fencing_token.as_ref()).await?;
         match answer.response {
@@ -458,6 +506,9 @@ impl Client {
                 version: answer.version,
             }),
             Response::Integer(0) | Response::Nil => Ok(DelOutcome::NotFound),
+            Response::NotApplied => Ok(DelOutcome::NotApplied {
+                current_version: answer.version,
+            }),
             other => Err(Error::protocol(
                 "DEL",
                 format!("unexpected answer {other:?}"),

@@ -339,8 +339,14 @@ impl Shared {
         if let Some(v) = &version {
             self.clock.merge(v);
         }
-        let response = Response::parse(&reply.payload)
-            .map_err(|_| Error::protocol(verb, "malformed payload"))?;
+        // An MGET answer can look like a SCAN page: read it as what was asked for.
+        let parse = if verb == "MGET" {
+            Response::parse_values
+        } else {
+            Response::parse
+        };
+        let response =
+            parse(&reply.payload).map_err(|_| Error::protocol(verb, "malformed payload"))?;
         match response {
             Response::Error(kind) => Err(Error::Server(ServerError::Known(kind))),
             Response::ErrorText(text) => Err(Error::Server(ServerError::Unknown(text))),

@@ -211,6 +211,22 @@ impl SetOptions {
         self
     }
 
+    /// Set only if the key exists and its version is `version` (compare-and-set, an mqkv
+    /// extension: see `docs/extensions.md`). Otherwise the SET is not applied and the
+    /// outcome carries the key's current version, if it exists.
+    ///
+    /// ```
+    /// use mqkv_client::{Hlc, SetCondition, SetOptions};
+    ///
+    /// let seen = Hlc::new(1_700_000_000_000, 0, "mqkv");
+    /// let options = SetOptions::new().if_version(seen.clone());
+    /// assert_eq!(options.condition, Some(SetCondition::IfVersion(seen)));
+    /// ```
+    pub fn if_version(mut self, version: Hlc) -> Self {
+        self.condition = Some(SetCondition::IfVersion(version));
+        self
+    }
+
     /// Let the key expire `ttl` after this SET.
     ///
     /// ```
@@ -252,6 +268,8 @@ impl SetOptions {
 pub struct DelOptions {
     /// `__ft`: the fencing token that proves the right to delete a fenced key.
     pub fencing_token: Option<Hlc>,
+    /// `IFVER` (DEL only; an mqkv extension): delete only if the key's version is this one.
+    pub if_version: Option<Hlc>,
 }
 
 impl DelOptions {
@@ -275,6 +293,19 @@ impl DelOptions {
     /// ```
     pub fn fencing_token(mut self, token: Hlc) -> Self {
         self.fencing_token = Some(token);
+        self
+    }
+
+    /// Delete only if the key's version is `version` (an mqkv extension; DEL only).
+    ///
+    /// ```
+    /// use mqkv_client::{DelOptions, Hlc};
+    ///
+    /// let seen = Hlc::new(1_700_000_000_000, 0, "mqkv");
+    /// assert_eq!(DelOptions::new().if_version(seen.clone()).if_version, Some(seen));
+    /// ```
+    pub fn if_version(mut self, version: Hlc) -> Self {
+        self.if_version = Some(version);
         self
     }
 }

@@ -331,3 +331,55 @@ async fn disconnect_closes_every_clone() {
     assert_eq!(clone.status().current(), ConnectionStatus::Closed);
     assert!(matches!(clone.get("k").await, Err(Error::Closed)));
 }
+
+/// The extensions: compare-and-set on SET and DEL, and MGET.
+#[tokio::test]
+async fn compare_and_set_and_mget() {
+    let server = Server::start();
+    let client = server.client("kv-cas").await;
+    let SetOutcome::Applied { version: v1 } = client.set("k", "one").await.unwrap() else {
+        panic!("unconditional SET must apply");
+    };
+    let cas = |v: &mqkv_client::Hlc| SetOptions::new().if_version(v.clone());
+    let SetOutcome::Applied { version: v2 } = client.set_with("k", "two", &cas(&v1)).await.unwrap()
+    else {
+        panic!("SET at the current version must apply");
+    };
+    assert_eq!(
+        client.set_with("k", "three", &cas(&v1)).await.unwrap(),
+        SetOutcome::NotApplied {
+            current_version: Some(v2.clone())
+        }
+    );
+    assert_eq!(
+        client.set_with("absent", "x", &cas(&v1)).await.unwrap(),
+        SetOutcome::NotApplied {
+            current_version: None
+        }
+    );
+    let values = client.mget(["k", "absent"]).await.unwrap();
+    assert_eq!(values.len(), 2);
+    let first = values[0].as_ref().expect("k exists");
+    assert_eq!((&first.value[..], &first.version), (&b"two"[..], &v2));
+    assert!(values[1].is_none());
+    assert!(matches!(
+        client.mget(Vec::<Bytes>::new()).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        client
+            .del_with("k", &DelOptions::new().if_version(v1))
+            .await
+            .unwrap(),
+        DelOutcome::NotApplied {
+            current_version: Some(v2.clone())
+        }
+    );
+    assert!(matches!(
+        client
+            .del_with("k", &DelOptions::new().if_version(v2))
+            .await
+            .unwrap(),
+        DelOutcome::Deleted { .. }
+    ));
+}

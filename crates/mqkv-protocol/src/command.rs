@@ -13,16 +13,23 @@ use serde::{Deserialize, Serialize};
 use crate::hlc::parse_decimal;
 use crate::resp::{bulk_len, put_array_header, put_bulk, put_bulk_header, Decimal, Reader};
 use crate::ErrorKind;
+use crate::Hlc;
 
 /// SET condition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SetCondition {
     /// Set only if the key does not exist.
     Nx,
     /// Set only if the key does not exist or already holds the SET's own
     /// value. Takes no argument on the wire, whatever the article shows.
     Nex,
+    /// Set only if the key exists and its version is this one (`IFVER v`, an extension:
+    /// compare-and-set).
+    IfVersion(Hlc),
 }
+
+/// Most keys one MGET may name.
+pub const MAX_MGET_KEYS: usize = 128;
 
 /// One state store request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -48,6 +55,11 @@ pub enum Command {
         pattern: Bytes,
         token: Option<Bytes>,
     },
+    /// `DEL key IFVER version` (an extension): delete only if the key's version is
+    /// `version`.
+    DelIfVersion { key: Bytes, version: Hlc },
+    /// `MGET key...` (an extension): up to [`MAX_MGET_KEYS`] keys read at one moment.
+    MGet { keys: Vec<Bytes> },
 }
 
 impl Command {
@@ -60,18 +72,23 @@ impl Command {
             Command::VDel { .. } => "VDEL",
             Command::KeyNotify { .. } => "KEYNOTIFY",
             Command::Scan { .. } => "SCAN",
+            Command::DelIfVersion { .. } => "DEL",
+            Command::MGet { .. } => "MGET",
         }
     }
 
-    /// The key this command is about (the pattern for SCAN).
+    /// The key this command is about (the pattern for SCAN, the first key for MGET).
     pub fn key(&self) -> &Bytes {
+        static NONE: Bytes = Bytes::new();
         match self {
             Command::Set { key, .. }
             | Command::Get { key }
             | Command::Del { key }
             | Command::VDel { key, .. }
+            | Command::DelIfVersion { key, .. }
             | Command::KeyNotify { key, .. } => key,
             Command::Scan { pattern, .. } => pattern,
+            Command::MGet { keys } => keys.first().unwrap_or(&NONE),
         }
     }
 
@@ -81,7 +98,10 @@ impl Command {
     pub fn is_write(&self) -> bool {
         matches!(
             self,
-            Command::Set { .. } | Command::Del { .. } | Command::VDel { .. }
+            Command::Set { .. }
+                | Command::Del { .. }
+                | Command::VDel { .. }
+                | Command::DelIfVersion { .. }
         )
     }
 
@@ -136,11 +156,19 @@ impl Command {
 
     /// Calls `f` with the request's arguments, verb first.
     fn with_args(&self, f: impl FnOnce(&[&[u8]])) {
-        // PX is the only argument not borrowed from `self`.
+        // PX and versions are the only arguments not borrowed from `self`.
         let px = match self {
             Command::Set {
                 px_ms: Some(ms), ..
             } => Some(Decimal::new(*ms)),
+            _ => None,
+        };
+        let version = match self {
+            Command::Set {
+                condition: Some(SetCondition::IfVersion(v)),
+                ..
+            }
+            | Command::DelIfVersion { version: v, .. } => Some(v.to_text()),
             _ => None,
         };
         let mut args = Args::default();
@@ -157,6 +185,10 @@ impl Command {
                 match condition {
                     Some(SetCondition::Nx) => args.push(b"NX"),
                     Some(SetCondition::Nex) => args.push(b"NEX"),
+                    Some(SetCondition::IfVersion(_)) => {
+                        args.push(b"IFVER");
+                        args.push(version.as_deref().unwrap_or_default().as_bytes());
+                    }
                     None => {}
                 }
                 if let Some(px) = &px {
@@ -191,29 +223,51 @@ impl Command {
                     args.push(token);
                 }
             }
+            Command::DelIfVersion { key, .. } => {
+                args.push(b"DEL");
+                args.push(key);
+                args.push(b"IFVER");
+                args.push(version.as_deref().unwrap_or_default().as_bytes());
+            }
+            Command::MGet { keys } => {
+                args.push(b"MGET");
+                for key in keys {
+                    args.push(key);
+                }
+            }
         }
         f(args.as_slice());
     }
 }
 
-/// The arguments of one request, at most six (`SET k v NX PX ms`), kept on
-/// the stack.
+/// The arguments of one request: up to seven (`SET k v IFVER v PX ms`) kept on the stack,
+/// more (an MGET's keys) in a vector.
 #[derive(Default)]
 struct Args<'a> {
-    items: [&'a [u8]; 6],
+    items: [&'a [u8]; 7],
     len: usize,
+    more: Vec<&'a [u8]>,
 }
 
 impl<'a> Args<'a> {
     fn push(&mut self, arg: &'a [u8]) {
-        if let Some(slot) = self.items.get_mut(self.len) {
+        if !self.more.is_empty() {
+            self.more.push(arg);
+        } else if let Some(slot) = self.items.get_mut(self.len) {
             *slot = arg;
             self.len += 1;
+        } else {
+            self.more.extend_from_slice(&self.items[..self.len]);
+            self.more.push(arg);
         }
     }
 
     fn as_slice(&self) -> &[&'a [u8]] {
-        &self.items[..self.len]
+        if self.more.is_empty() {
+            &self.items[..self.len]
+        } else {
+            &self.more
+        }
     }
 }
 
@@ -239,7 +293,8 @@ pub fn parse_request_bytes(payload: &Bytes) -> Result<Command, ErrorKind> {
     match Verb::parse(&verb)? {
         Verb::Set => parse_set(args),
         Verb::Get => one_key(args).map(|key| Command::Get { key }),
-        Verb::Del => one_key(args).map(|key| Command::Del { key }),
+        Verb::Del => parse_del(args),
+        Verb::MGet => parse_mget(args),
         Verb::VDel => parse_vdel(args),
         Verb::KeyNotify => parse_keynotify(args),
         Verb::Scan => parse_scan(args),
@@ -253,19 +308,21 @@ enum Verb {
     VDel,
     KeyNotify,
     Scan,
+    MGet,
 }
 
 impl Verb {
     /// The SDKs send upper case; the article's examples are lower case.
     /// Accepting any case costs nothing and breaks no client.
     fn parse(verb: &[u8]) -> Result<Verb, ErrorKind> {
-        const VERBS: [(&[u8], Verb); 6] = [
+        const VERBS: [(&[u8], Verb); 7] = [
             (b"SET", Verb::Set),
             (b"GET", Verb::Get),
             (b"DEL", Verb::Del),
             (b"VDEL", Verb::VDel),
             (b"KEYNOTIFY", Verb::KeyNotify),
             (b"SCAN", Verb::Scan),
+            (b"MGET", Verb::MGet),
         ];
         VERBS
             .into_iter()
@@ -288,6 +345,49 @@ fn one_key(mut args: impl Iterator<Item = Bytes>) -> Result<Bytes, ErrorKind> {
         (Some(key), None) => non_empty(key),
         _ => Err(ErrorKind::WrongNumberOfArguments),
     }
+}
+
+/// `DEL key`, or `DEL key IFVER version`.
+fn parse_del(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
+    match (args.next(), args.next(), args.next(), args.next()) {
+        (Some(key), None, None, None) => Ok(Command::Del {
+            key: non_empty(key)?,
+        }),
+        // Anything else answers as before the extension: the wrong number of arguments.
+        (Some(key), Some(option), Some(version), None) if option.eq_ignore_ascii_case(b"IFVER") => {
+            Ok(Command::DelIfVersion {
+                key: non_empty(key)?,
+                version: parse_version(&version)?,
+            })
+        }
+        _ => Err(ErrorKind::WrongNumberOfArguments),
+    }
+}
+
+/// `MGET key...`: one to [`MAX_MGET_KEYS`] keys, none empty.
+fn parse_mget(args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
+    let mut keys = Vec::new();
+    for key in args {
+        if keys.len() == MAX_MGET_KEYS {
+            return Err(ErrorKind::WrongNumberOfArguments);
+        }
+        keys.push(key);
+    }
+    if keys.is_empty() {
+        return Err(ErrorKind::WrongNumberOfArguments);
+    }
+    if keys.iter().any(Bytes::is_empty) {
+        return Err(ErrorKind::KeyLengthZero);
+    }
+    Ok(Command::MGet { keys })
+}
+
+/// A version as the server writes it in `__ts`.
+fn parse_version(text: &[u8]) -> Result<Hlc, ErrorKind> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| Hlc::parse(t).ok())
+        .ok_or(ErrorKind::SyntaxError)
 }
 
 fn parse_vdel(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
@@ -343,6 +443,12 @@ fn parse_set(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind
             } else {
                 SetCondition::Nex
             });
+        } else if option.eq_ignore_ascii_case(b"IFVER") {
+            if condition.is_some() {
+                return Err(ErrorKind::SyntaxError);
+            }
+            let version = args.next().ok_or(ErrorKind::SyntaxError)?;
+            condition = Some(SetCondition::IfVersion(parse_version(&version)?));
         } else if option.eq_ignore_ascii_case(b"PX") {
             if px_ms.is_some() {
                 return Err(ErrorKind::SyntaxError);
@@ -380,7 +486,7 @@ fn parse_px(text: &[u8]) -> Option<u64> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::resp::put_bulk;
     use proptest::prelude::*;
@@ -512,7 +618,7 @@ mod tests {
     #[test]
     fn unknown_and_malformed() {
         assert_eq!(
-            parse_request(&req(&[b"MGET", b"k"])),
+            parse_request(&req(&[b"MSET", b"k"])),
             Err(ErrorKind::UnknownCommand)
         );
         assert_eq!(parse_request(&req(&[b""])), Err(ErrorKind::UnknownCommand));
@@ -787,9 +893,21 @@ mod tests {
         proptest::collection::vec(any::<u8>(), min..24).prop_map(Bytes::from)
     }
 
+    pub(crate) fn arb_version() -> impl Strategy<Value = Hlc> {
+        (
+            0u64..1_000_000_000_000_000,
+            0u64..=99_999,
+            "[a-z0-9-]{1,12}",
+        )
+            .prop_map(|(ms, counter, node)| Hlc::new(ms, counter, node.as_str()))
+    }
+
     pub(crate) fn arb_command() -> impl Strategy<Value = Command> {
-        let condition =
-            proptest::option::of(prop_oneof![Just(SetCondition::Nx), Just(SetCondition::Nex)]);
+        let condition = proptest::option::of(prop_oneof![
+            Just(SetCondition::Nx),
+            Just(SetCondition::Nex),
+            arb_version().prop_map(SetCondition::IfVersion),
+        ]);
         prop_oneof![
             (
                 arb_bytes(1),
@@ -809,7 +927,132 @@ mod tests {
             (arb_bytes(1), any::<bool>()).prop_map(|(key, stop)| Command::KeyNotify { key, stop }),
             (arb_bytes(1), proptest::option::of(arb_bytes(0)))
                 .prop_map(|(pattern, token)| Command::Scan { pattern, token }),
+            (arb_bytes(1), arb_version())
+                .prop_map(|(key, version)| Command::DelIfVersion { key, version }),
+            proptest::collection::vec(arb_bytes(1), 1..12).prop_map(|keys| Command::MGet { keys }),
         ]
+    }
+
+    /// The examples of docs/extensions.md, byte for byte.
+    #[test]
+    fn extension_examples_of_the_documentation() {
+        let v = Hlc::parse("001732270000123:00000:mqkv").expect("version");
+        let set = Command::Set {
+            key: b(b"config"),
+            value: b(b"v2"),
+            condition: Some(SetCondition::IfVersion(v.clone())),
+            px_ms: None,
+        };
+        assert_eq!(
+            &set.encode()[..],
+            b"*5\r\n$3\r\nSET\r\n$6\r\nconfig\r\n$2\r\nv2\r\n$5\r\nIFVER\r\n$26\r\n001732270000123:00000:mqkv\r\n"
+        );
+        let del = Command::DelIfVersion {
+            key: b(b"config"),
+            version: Hlc::parse("001732270000456:00000:mqkv").expect("version"),
+        };
+        assert_eq!(
+            &del.encode()[..],
+            b"*4\r\n$3\r\nDEL\r\n$6\r\nconfig\r\n$5\r\nIFVER\r\n$26\r\n001732270000456:00000:mqkv\r\n"
+        );
+        let mget = Command::MGet {
+            keys: vec![b(b"a"), b(b"b"), b(b"c")],
+        };
+        assert_eq!(
+            &mget.encode()[..],
+            b"*4\r\n$4\r\nMGET\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n"
+        );
+        let answer = crate::Response::Values(vec![
+            Some((b(b"1"), v)),
+            None,
+            Some((
+                b(b"three"),
+                Hlc::parse("001732270000124:00000:mqkv").expect("version"),
+            )),
+        ]);
+        assert_eq!(
+            &answer.encode()[..],
+            &b"*3\r\n*2\r\n$1\r\n1\r\n$26\r\n001732270000123:00000:mqkv\r\n$-1\r\n*2\r\n$5\r\nthree\r\n$26\r\n001732270000124:00000:mqkv\r\n"[..]
+        );
+    }
+
+    #[test]
+    fn extension_requests_parse() {
+        let v = "001700000000000:00002:node-1";
+        assert_eq!(
+            parse_request(&req(&[
+                b"SET",
+                b"k",
+                b"v",
+                b"IFVER",
+                v.as_bytes(),
+                b"PX",
+                b"10"
+            ])),
+            Ok(Command::Set {
+                key: b(b"k"),
+                value: b(b"v"),
+                condition: Some(SetCondition::IfVersion(Hlc::new(
+                    1_700_000_000_000,
+                    2,
+                    "node-1"
+                ))),
+                px_ms: Some(10),
+            })
+        );
+        assert_eq!(
+            parse_request(&req(&[b"del", b"k", b"ifver", v.as_bytes()])),
+            Ok(Command::DelIfVersion {
+                key: b(b"k"),
+                version: Hlc::new(1_700_000_000_000, 2, "node-1"),
+            })
+        );
+        assert_eq!(
+            parse_request(&req(&[b"MGET", b"a", b"b"])),
+            Ok(Command::MGet {
+                keys: vec![b(b"a"), b(b"b")]
+            })
+        );
+        // Errors as the store already answers them.
+        let e = |args: &[&[u8]]| parse_request(&req(args)).err();
+        assert_eq!(
+            e(&[b"SET", b"k", b"v", b"IFVER", b"nonsense"]),
+            Some(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            e(&[b"SET", b"k", b"v", b"IFVER"]),
+            Some(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            e(&[b"SET", b"k", b"v", b"NX", b"IFVER", v.as_bytes()]),
+            Some(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            e(&[b"DEL", b"k", b"IFVER", b"nonsense"]),
+            Some(ErrorKind::SyntaxError)
+        );
+        // Other DEL forms answer as they always did.
+        assert_eq!(
+            e(&[b"DEL", b"k", b"IFVER"]),
+            Some(ErrorKind::WrongNumberOfArguments)
+        );
+        assert_eq!(
+            e(&[b"DEL", b"k", b"NOPE", v.as_bytes()]),
+            Some(ErrorKind::WrongNumberOfArguments)
+        );
+        assert_eq!(
+            e(&[b"DEL", b"k", b"IFVER", v.as_bytes(), b"x"]),
+            Some(ErrorKind::WrongNumberOfArguments)
+        );
+        assert_eq!(e(&[b"MGET"]), Some(ErrorKind::WrongNumberOfArguments));
+        assert_eq!(e(&[b"MGET", b"a", b""]), Some(ErrorKind::KeyLengthZero));
+        let many: Vec<Vec<u8>> = (0..=MAX_MGET_KEYS)
+            .map(|i| format!("k{i}").into_bytes())
+            .collect();
+        let mut args: Vec<&[u8]> = vec![b"MGET"];
+        args.extend(many.iter().map(Vec::as_slice));
+        assert_eq!(e(&args), Some(ErrorKind::WrongNumberOfArguments));
+        assert!(parse_request(&req(&args[..args.len() - 1])).is_ok());
     }
 
     proptest! {

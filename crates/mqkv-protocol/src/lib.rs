@@ -27,7 +27,7 @@ mod resp;
 pub mod response;
 pub mod topic;
 
-pub use command::{parse_request, parse_request_bytes, Command, SetCondition};
+pub use command::{parse_request, parse_request_bytes, Command, SetCondition, MAX_MGET_KEYS};
 pub use error::ErrorKind;
 pub use glob::{glob_match, GlobPattern};
 pub use hlc::{Hlc, HlcClock, HlcError, MAX_CLOCK_SKEW_MS, MAX_COUNTER};

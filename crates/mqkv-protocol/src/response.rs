@@ -44,6 +44,10 @@ pub enum Response {
         keys: Vec<Bytes>,
         token: Option<Bytes>,
     },
+    /// An MGET answer (an extension): `*<n>\r\n`, then per key `*2\r\n` with its value and
+    /// version as blob strings, or `$-1\r\n` for a key that does not exist. Parse it with
+    /// [`Response::parse_values`]: as bytes it can look like a SCAN page.
+    Values(Vec<Option<(Bytes, crate::Hlc)>>),
 }
 
 impl From<ErrorKind> for Response {
@@ -91,6 +95,70 @@ impl Response {
                 }
                 out.freeze()
             }
+            Response::Values(values) => {
+                let versions: Vec<Option<(&Bytes, String)>> = values
+                    .iter()
+                    .map(|v| {
+                        v.as_ref()
+                            .map(|(value, version)| (value, version.to_text()))
+                    })
+                    .collect();
+                let size = 16
+                    + versions
+                        .iter()
+                        .map(|v| {
+                            v.as_ref().map_or(5, |(value, version)| {
+                                4 + bulk_len(value) + bulk_len(version.as_bytes())
+                            })
+                        })
+                        .sum::<usize>();
+                let mut out = BytesMut::with_capacity(size);
+                put_array_header(&mut out, versions.len());
+                for v in &versions {
+                    match v {
+                        Some((value, version)) => {
+                            put_array_header(&mut out, 2);
+                            put_bulk(&mut out, value);
+                            put_bulk(&mut out, version.as_bytes());
+                        }
+                        None => out.put_slice(b"$-1\r\n"),
+                    }
+                }
+                out.freeze()
+            }
+        }
+    }
+
+    /// Parses the answer to an MGET: [`Response::Values`], or an error as
+    /// [`Response::parse`] reads it.
+    pub fn parse_values(payload: &[u8]) -> Result<Response, DecodeError> {
+        if !payload.starts_with(b"*") {
+            return Response::parse(payload);
+        }
+        let mut reader = Reader::new(payload);
+        // The smallest element is a nil, `$-1\r\n`.
+        let n = reader.array_header_of(5).map_err(|_| DecodeError)?;
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            if reader.eat(b"$-1\r\n") {
+                values.push(None);
+                continue;
+            }
+            if reader.array_header().map_err(|_| DecodeError)? != 2 {
+                return Err(DecodeError);
+            }
+            let value = reader.bulk().map_err(|_| DecodeError)?;
+            let version = reader.bulk().map_err(|_| DecodeError)?;
+            let version = std::str::from_utf8(&payload[version])
+                .ok()
+                .and_then(|t| crate::Hlc::parse(t).ok())
+                .ok_or(DecodeError)?;
+            values.push(Some((Bytes::copy_from_slice(&payload[value]), version)));
+        }
+        if reader.is_empty() {
+            Ok(Response::Values(values))
+        } else {
+            Err(DecodeError)
         }
     }
 
@@ -403,6 +471,20 @@ mod tests {
         fn response_parse_is_stable(payload in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(parsed) = Response::parse(&payload) {
                 prop_assert_eq!(Response::parse(&parsed.encode()), Ok(parsed));
+            }
+        }
+
+        #[test]
+        fn values_round_trip(values in proptest::collection::vec(
+            proptest::option::of((arb_bytes(), crate::command::tests::arb_version())), 0..6)) {
+            let response = Response::Values(values);
+            prop_assert_eq!(Response::parse_values(&response.encode()), Ok(response));
+        }
+
+        #[test]
+        fn values_parse_is_stable(payload in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(parsed) = Response::parse_values(&payload) {
+                prop_assert_eq!(Response::parse_values(&parsed.encode()), Ok(parsed));
             }
         }
 

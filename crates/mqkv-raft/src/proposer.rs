@@ -345,9 +345,11 @@ fn approximate_size(entry: &Entry) -> usize {
             Command::Set { key, value, .. } | Command::VDel { key, value } => {
                 key.len() + value.len()
             }
-            Command::Get { key } | Command::Del { key } | Command::KeyNotify { key, .. } => {
-                key.len()
-            }
+            Command::Get { key }
+            | Command::Del { key }
+            | Command::DelIfVersion { key, .. }
+            | Command::KeyNotify { key, .. } => key.len(),
+            Command::MGet { keys } => keys.iter().map(|k| k.len()).sum(),
             Command::Scan { pattern, token } => {
                 pattern.len() + token.as_ref().map_or(0, |t| t.len())
             }

@@ -1522,7 +1522,7 @@ mod model {
                 Command::Set {
                     key: key(k),
                     value: value(v),
-                    condition: *condition,
+                    condition: condition.clone(),
                     px_ms: *px_ms,
                 },
                 ft(f),

@@ -1,17 +1,25 @@
-//! `DEL key`.
+//! `DEL key [IFVER version]`.
 //!
 //! Invariant: deleting a live key answers `:1` with a fresh version (the
 //! `__ts` of the response and of the DELETE event) and discards the key's
 //! fencing token; a fenced key is only deleted with a token `>=` its own.
-//! An absent key answers `:0`, whatever the token, and emits nothing.
+//! An absent key answers `:0`, whatever the token, and emits nothing. With
+//! `IFVER` (an extension), a key whose version differs is kept and the answer
+//! is `:-1` with its version, as a refused NX SET answers.
 
 use bytes::Bytes;
-use mqkv_protocol::Response;
+use mqkv_protocol::{Hlc, Response};
 
 use crate::{fencing, Applied, Request, StateMachine};
 
 impl StateMachine {
-    pub(crate) fn apply_del(&mut self, request: &Request, key: &Bytes, now: u64) -> Applied {
+    pub(crate) fn apply_del(
+        &mut self,
+        request: &Request,
+        key: &Bytes,
+        if_version: Option<&Hlc>,
+        now: u64,
+    ) -> Applied {
         let mut events = Vec::new();
         self.purge_if_expired(key, now, &mut events);
         let Some(record) = self.keys.get(&key[..]) else {
@@ -26,6 +34,14 @@ impl StateMachine {
             return Applied {
                 response: Response::Error(kind),
                 version: None,
+                events,
+                created: false,
+            };
+        }
+        if if_version.is_some_and(|v| *v != record.version) {
+            return Applied {
+                response: Response::NotApplied,
+                version: Some(record.version.clone()),
                 events,
                 created: false,
             };

@@ -30,6 +30,11 @@ impl StateMachine {
         self.live(key, now_ms)
             .map(|record| read(&record.value, &record.version))
     }
+
+    /// MGET (an extension): the value and version of each live key, at one moment.
+    pub fn mget(&self, keys: &[Bytes], now_ms: u64) -> mqkv_protocol::Response {
+        mqkv_protocol::Response::Values(keys.iter().map(|k| self.get(k, now_ms)).collect())
+    }
 }
 
 #[cfg(test)]

@@ -27,6 +27,8 @@
 //! | `freeze` | a snapshot taken piecewise holds the state of one moment |
 
 mod browse;
+#[cfg(test)]
+mod cas_tests;
 mod config;
 mod dedup;
 mod del;

@@ -284,12 +284,16 @@ impl StateMachine {
                 let set = SetArgs {
                     key,
                     value,
-                    condition: *condition,
+                    condition: condition.as_ref(),
                     px_ms: *px_ms,
                 };
                 self.apply_set(request, &set, now)
             }
-            Command::Del { key } => self.apply_del(request, key, now),
+            Command::Del { key } => self.apply_del(request, key, None, now),
+            Command::DelIfVersion { key, version } => {
+                self.apply_del(request, key, Some(version), now)
+            }
+            Command::MGet { keys } => Applied::reply(self.mget(keys, now), None),
             Command::VDel { key, value } => self.apply_vdel(request, key, value, now),
             Command::Get { key } => match self.get(key, now) {
                 Some((value, version)) => Applied::reply(Response::Value(value), Some(version)),

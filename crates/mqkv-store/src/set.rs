@@ -25,7 +25,7 @@ use crate::{fencing, Applied, ChangeEvent, ChangeKind, Request, StateMachine};
 pub(crate) struct SetArgs<'a> {
     pub(crate) key: &'a Bytes,
     pub(crate) value: &'a Bytes,
-    pub(crate) condition: Option<SetCondition>,
+    pub(crate) condition: Option<&'a SetCondition>,
     pub(crate) px_ms: Option<u64>,
 }
 
@@ -103,6 +103,10 @@ impl StateMachine {
             self.delete_with_event(key, now, None, events);
             existing = None;
         }
+        // A compare-and-set needs the key to be there.
+        if existing.is_none() && matches!(condition, Some(SetCondition::IfVersion(_))) {
+            return Ok((Response::NotApplied, None, false));
+        }
         let stored_token = existing.and_then(|r| r.fencing_token.as_deref());
         fencing::check(stored_token, request.ft.as_ref())?;
         if let Some((refused, stored)) = existing.and_then(|r| refusal(r, condition, value)) {
@@ -127,12 +131,13 @@ impl StateMachine {
 /// The answer of a SET its condition refuses on the live record `existing`, if it does.
 fn refusal(
     existing: &Record,
-    condition: Option<SetCondition>,
+    condition: Option<&SetCondition>,
     value: &[u8],
 ) -> Option<(Response, Option<Hlc>)> {
     let refused = match condition {
         Some(SetCondition::Nx) => true,
         Some(SetCondition::Nex) => *existing.value != *value,
+        Some(SetCondition::IfVersion(version)) => existing.version != *version,
         None => false,
     };
     refused.then(|| (Response::NotApplied, Some(existing.version.clone())))

@@ -14,7 +14,7 @@ pub const BUCKETS_US: [u64; 14] = [
 ];
 
 /// The commands latency is kept for, in this order.
-pub const COMMANDS: [&str; 6] = ["SET", "GET", "DEL", "VDEL", "KEYNOTIFY", "SCAN"];
+pub const COMMANDS: [&str; 7] = ["SET", "GET", "DEL", "VDEL", "KEYNOTIFY", "SCAN", "MGET"];
 
 /// The index of `command` in [`COMMANDS`].
 pub fn command_index(command: &Command) -> usize {
@@ -90,8 +90,15 @@ impl StoreCounters {
         let slot = self.here();
         let counter = match command {
             Command::Set { .. } => return,
-            Command::Del { .. } | Command::VDel { .. } => &slot.deletions,
+            Command::Del { .. } | Command::VDel { .. } | Command::DelIfVersion { .. } => {
+                &slot.deletions
+            }
             Command::Get { .. } => &slot.retrievals,
+            // Each key of an MGET is a retrieval.
+            Command::MGet { keys } => {
+                add(&slot.retrievals, keys.len() as u64);
+                return;
+            }
             Command::KeyNotify { .. } => &slot.keynotify_requests,
             Command::Scan { .. } => &slot.scans,
         };

@@ -284,7 +284,9 @@ impl StateStoreService {
                 drop(observers);
                 respond(reply, &response, None)
             }
-            Command::Get { .. } | Command::Scan { .. } if self.node.is_clustered() => {
+            Command::Get { .. } | Command::Scan { .. } | Command::MGet { .. }
+                if self.node.is_clustered() =>
+            {
                 // Served once this node has applied every write acknowledged anywhere before
                 // the request arrived.
                 let node = self.node.clone();
@@ -300,10 +302,13 @@ impl StateStoreService {
                     Some(answer)
                 }));
             }
-            Command::Get { .. } | Command::Scan { .. } => {
+            Command::Get { .. } | Command::Scan { .. } | Command::MGet { .. } => {
                 read(&self.node, &request.command, reply, now, &p.from)
             }
-            Command::Set { .. } | Command::Del { .. } | Command::VDel { .. } => {
+            Command::Set { .. }
+            | Command::Del { .. }
+            | Command::VDel { .. }
+            | Command::DelIfVersion { .. } => {
                 let set = matches!(request.command, Command::Set { .. });
                 let window = reply
                     .expiry
@@ -343,15 +348,17 @@ impl StateStoreService {
     }
 }
 
-/// Whether the client may make this request: `Read` for GET and KEYNOTIFY, `Write` for SET,
-/// DEL and VDEL. SCAN lists only the keys the client may read, and ending an observation
-/// needs no grant.
+/// Whether the client may make this request: `Read` for GET and KEYNOTIFY (and for every key
+/// of an MGET), `Write` for SET, DEL and VDEL. SCAN lists only the keys the client may read,
+/// and ending an observation needs no grant.
 fn authorized(command: &Command, who: &ClientIdentity) -> bool {
     match command {
         Command::Get { key } | Command::KeyNotify { key, stop: false } => who.may_use(key, false),
-        Command::Set { key, .. } | Command::Del { key } | Command::VDel { key, .. } => {
-            who.may_use(key, true)
-        }
+        Command::MGet { keys } => keys.iter().all(|key| who.may_use(key, false)),
+        Command::Set { key, .. }
+        | Command::Del { key }
+        | Command::VDel { key, .. }
+        | Command::DelIfVersion { key, .. } => who.may_use(key, true),
         Command::KeyNotify { stop: true, .. } | Command::Scan { .. } => true,
     }
 }
@@ -378,6 +385,10 @@ fn read(
                 Some((payload, version)) => respond_payload(reply, payload, Some(version)),
                 None => respond(reply, &Response::Nil, None),
             }
+        }
+        Command::MGet { keys } => {
+            let values = node.read(|m| m.mget(keys, now));
+            respond(reply, &values, None)
         }
         Command::Scan { pattern, token } => {
             let page = node.read(|m| {
@@ -494,7 +505,10 @@ fn waits_for_earlier(publish: &ServicePublish) -> bool {
     publish.topic == REQUEST_TOPIC
         && matches!(
             parse_request_bytes(&publish.payload),
-            Ok(Command::Get { .. } | Command::Scan { .. } | Command::KeyNotify { .. })
+            Ok(Command::Get { .. }
+                | Command::Scan { .. }
+                | Command::MGet { .. }
+                | Command::KeyNotify { .. })
         )
 }
 

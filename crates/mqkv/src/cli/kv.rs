@@ -22,8 +22,10 @@ fn version_json(version: Option<&Hlc>) -> Value {
 
 #[derive(Args, Debug)]
 pub struct GetArgs {
-    /// The key.
-    pub key: OsString,
+    /// The key; with several keys, all are read at one moment (MGET, an mqkv extension) and
+    /// each is printed as `KEY VALUE` on a line of its own.
+    #[arg(required = true, num_args = 1..)]
+    pub key: Vec<OsString>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -31,7 +33,10 @@ pub struct GetArgs {
 }
 
 pub async fn get(args: GetArgs) -> anyhow::Result<i32> {
-    let key = key_bytes(&args.key);
+    if args.key.len() > 1 {
+        return mget(args).await;
+    }
+    let key = key_bytes(&args.key[0]);
     let client = args.conn.connect().await?;
     let found = client.get(key.clone()).await;
     client.disconnect().await;
@@ -61,6 +66,38 @@ pub async fn get(args: GetArgs) -> anyhow::Result<i32> {
     }
 }
 
+/// `get K1 K2 ...`: one MGET; exit status 1 when any key is missing.
+async fn mget(args: GetArgs) -> anyhow::Result<i32> {
+    let keys: Vec<bytes::Bytes> = args.key.iter().map(key_bytes).collect();
+    let client = args.conn.connect().await?;
+    let found = client.mget(keys.clone()).await;
+    client.disconnect().await;
+    let out = &args.output;
+    let mut missing = false;
+    for (key, entry) in keys.iter().zip(found?) {
+        match entry {
+            Some(entry) if out.json => output::json_line(&json!({
+                "key": out.json_bytes(key),
+                "found": true,
+                "value": out.json_bytes(&entry.value),
+                "version": entry.version.to_string(),
+            }))?,
+            Some(entry) => {
+                out.write_stream_item(&format!("{} ", out.text(key, false)), &entry.value)?
+            }
+            None => {
+                missing = true;
+                if out.json {
+                    output::json_line(&json!({ "key": out.json_bytes(key), "found": false }))?;
+                } else {
+                    eprintln!("mqkv: {}: not found", out.text(key, false));
+                }
+            }
+        }
+    }
+    Ok(if missing { EXIT_NOT_FOUND } else { EXIT_OK })
+}
+
 #[derive(Args, Debug)]
 pub struct SetArgs {
     /// The key.
@@ -68,11 +105,15 @@ pub struct SetArgs {
     #[command(flatten)]
     pub value: ValueArgs,
     /// Only set the key if it does not exist.
-    #[arg(long, conflicts_with = "nex")]
+    #[arg(long, conflicts_with_all = ["nex", "if_version"])]
     pub nx: bool,
     /// Only set the key if it does not exist or already holds this value.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "if_version")]
     pub nex: bool,
+    /// Only set the key if its version is still this one (compare-and-set, an mqkv
+    /// extension): read it with `get --json`.
+    #[arg(long, value_name = "VERSION", value_parser = parse_hlc)]
+    pub if_version: Option<Hlc>,
     /// Expire the key this many milliseconds after the SET.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub px: Option<u64>,
@@ -94,6 +135,9 @@ pub async fn set(args: SetArgs) -> anyhow::Result<i32> {
     }
     if args.nex {
         options = options.nex();
+    }
+    if let Some(version) = args.if_version {
+        options = options.if_version(version);
     }
     if let Some(ms) = args.px {
         options = options.expires_in(Duration::from_millis(ms));
@@ -139,6 +183,9 @@ pub struct DelArgs {
     /// Fencing token (an HLC) that proves the right to delete a fenced key.
     #[arg(long, value_name = "HLC", value_parser = parse_hlc)]
     pub fencing_token: Option<Hlc>,
+    /// Only delete the key if its version is still this one (an mqkv extension).
+    #[arg(long, value_name = "VERSION", value_parser = parse_hlc)]
+    pub if_version: Option<Hlc>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -155,9 +202,11 @@ fn del_options(token: Option<Hlc>) -> DelOptions {
 pub async fn del(args: DelArgs) -> anyhow::Result<i32> {
     let key = key_bytes(&args.key);
     let client = args.conn.connect().await?;
-    let outcome = client
-        .del_with(key.clone(), &del_options(args.fencing_token))
-        .await;
+    let mut options = del_options(args.fencing_token);
+    if let Some(version) = args.if_version {
+        options = options.if_version(version);
+    }
+    let outcome = client.del_with(key.clone(), &options).await;
     client.disconnect().await;
     let out = &args.output;
     match outcome? {
@@ -180,6 +229,21 @@ pub async fn del(args: DelArgs) -> anyhow::Result<i32> {
                 output::line("NOT FOUND")?;
             }
             Ok(EXIT_NOT_FOUND)
+        }
+        DelOutcome::NotApplied { current_version } => {
+            if out.json {
+                output::json_line(&json!({
+                    "key": out.json_bytes(&key),
+                    "deleted": false,
+                    "version": version_json(current_version.as_ref()),
+                }))?;
+            } else {
+                match current_version {
+                    Some(v) => output::line(&format!("NOT APPLIED {v}"))?,
+                    None => output::line("NOT APPLIED")?,
+                }
+            }
+            Ok(EXIT_NOT_APPLIED)
         }
     }
 }

@@ -1,0 +1,101 @@
+"""mqkv's extensions of the state store protocol, on the wire: compare-and-set (SET and DEL
+with IFVER), and MGET. Byte-exact answers as docs/extensions.md writes them; errors with the
+store's existing texts; the policy applies; every node of a cluster answers alike."""
+
+from __future__ import annotations
+
+from helpers import Paho
+from statestore import StoreClient
+from test_cluster import cluster  # noqa: F401  (fixture)
+from test_security import login, secured, users  # noqa: F401  (fixtures)
+
+
+def version(store: StoreClient) -> str | None:
+    """The `__ts` of the latest answer."""
+    return dict(store.last.properties.UserProperty or []).get("__ts")
+
+
+def test_compare_and_set(server):
+    s = StoreClient(Paho(server, "cas"), "cas")
+    assert s.set("k", "a") == b"+OK\r\n"
+    v1 = version(s)
+    assert s.request("SET", "k", "b", "IFVER", v1) == b"+OK\r\n"
+    v2 = version(s)
+    assert v2 > v1
+    # A writer that read v1 is refused and told the current version; nothing changes.
+    assert s.request("SET", "k", "c", "IFVER", v1) == b":-1\r\n"
+    assert version(s) == v2
+    assert s.get("k") == b"$1\r\nb\r\n"
+    # A key that does not exist has no version to match: refused without __ts.
+    assert s.request("SET", "nope", "x", "IFVER", v2) == b":-1\r\n"
+    assert version(s) is None
+    # With PX, and in any case.
+    assert s.request("set", "k", "d", "px", "60000", "ifver", v2) == b"+OK\r\n"
+    # Malformed and conflicting options: the store's existing errors.
+    assert s.request("SET", "k", "e", "IFVER", "yesterday") == b"-ERR syntax error\r\n"
+    assert s.request("SET", "k", "e", "IFVER") == b"-ERR syntax error\r\n"
+    assert s.request("SET", "k", "e", "NX", "IFVER", v2) == b"-ERR syntax error\r\n"
+
+
+def test_compare_and_delete(server):
+    s = StoreClient(Paho(server, "cad"), "cad")
+    assert s.set("k", "a") == b"+OK\r\n"
+    v1 = version(s)
+    assert s.set("k", "b") == b"+OK\r\n"
+    v2 = version(s)
+    assert s.request("DEL", "k", "IFVER", v1) == b":-1\r\n"
+    assert version(s) == v2
+    assert s.request("DEL", "k", "IFVER", v2) == b":1\r\n"
+    assert s.request("DEL", "k", "IFVER", v2) == b":0\r\n"
+    # DEL forms that are not the extension answer as they always did.
+    assert s.request("DEL", "k", "x") == b"-ERR wrong number of arguments\r\n"
+    assert s.request("DEL", "k", "IFVER", "nonsense") == b"-ERR syntax error\r\n"
+
+
+def test_mget_reads_many_keys_at_once(server):
+    s = StoreClient(Paho(server, "mget"), "mget")
+    assert s.set("a", "1") == b"+OK\r\n"
+    va = version(s)
+    assert s.set("c", "three") == b"+OK\r\n"
+    vc = version(s)
+    answer = s.request("MGET", "a", "b", "c")
+    expected = (b"*3\r\n"
+                + b"*2\r\n$1\r\n1\r\n$%d\r\n%s\r\n" % (len(va), va.encode())
+                + b"$-1\r\n"
+                + b"*2\r\n$5\r\nthree\r\n$%d\r\n%s\r\n" % (len(vc), vc.encode()))
+    assert answer == expected
+    assert version(s) is None
+    assert s.request("MGET") == b"-ERR wrong number of arguments\r\n"
+    assert s.request("MGET", *[f"k{i}" for i in range(129)]) == \
+        b"-ERR wrong number of arguments\r\n"
+    assert s.request("MGET", *[f"k{i}" for i in range(128)]).startswith(b"*128\r\n")
+    assert s.request("MGET", "a", "") == b"-ERR the key length is zero\r\n"
+
+
+def test_the_policy_applies_to_the_extensions(secured):  # noqa: F811
+    bob = StoreClient(login(secured, "bob"), "bob-1")
+    alice = StoreClient(login(secured, "alice"), "alice-1")
+    assert alice.set("users:alice:x", "1") == b"+OK\r\n"
+    v = version(alice)
+    assert bob.set("users:bob:x", "1") == b"+OK\r\n"
+    # bob may read his own keys but not alice's: one unreadable key refuses the whole MGET.
+    assert bob.request("MGET", "users:bob:x", "users:alice:x") == b"-ERR not authorized\r\n"
+    assert bob.request("MGET", "users:bob:x").startswith(b"*1\r\n*2\r\n")
+    assert bob.request("SET", "users:alice:x", "2", "IFVER", v) == b"-ERR not authorized\r\n"
+    assert bob.request("DEL", "users:alice:x", "IFVER", v) == b"-ERR not authorized\r\n"
+    assert alice.get("users:alice:x") == b"$1\r\n1\r\n"
+
+
+def test_every_node_of_a_cluster_answers_alike(cluster):  # noqa: F811
+    stores = [StoreClient(Paho(node, f"ext-{i}"), f"ext-{i}") for i, node in enumerate(cluster)]
+    assert stores[0].set("shared", "a") == b"+OK\r\n"
+    v1 = version(stores[0])
+    assert stores[1].request("SET", "shared", "b", "IFVER", v1) == b"+OK\r\n"
+    v2 = version(stores[1])
+    assert stores[2].request("SET", "shared", "c", "IFVER", v1) == b":-1\r\n"
+    assert version(stores[2]) == v2
+    for s in stores:
+        answer = s.request("MGET", "shared", "none")
+        assert answer == (b"*2\r\n*2\r\n$1\r\nb\r\n$%d\r\n%s\r\n$-1\r\n"
+                          % (len(v2), v2.encode())), answer
+    assert stores[0].request("DEL", "shared", "IFVER", v2) == b":1\r\n"
