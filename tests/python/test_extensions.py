@@ -99,3 +99,54 @@ def test_every_node_of_a_cluster_answers_alike(cluster):  # noqa: F811
         assert answer == (b"*2\r\n*2\r\n$1\r\nb\r\n$%d\r\n%s\r\n$-1\r\n"
                           % (len(v2), v2.encode())), answer
     assert stores[0].request("DEL", "shared", "IFVER", v2) == b":1\r\n"
+
+
+def notifications(store: StoreClient, within: float = 0.5) -> list[tuple[bytes, bytes]]:
+    """(key, payload) of each notification that reached the store client's connection: those
+    its requests read past while waiting for their answers, then those arriving within
+    `within` seconds."""
+    from statestore import NOTIFY_PREFIX
+    out = []
+    seen, store.others = store.others, []
+    for m in seen + store.paho.drain(quiet=within):
+        if m.topic.startswith(NOTIFY_PREFIX):
+            out.append((bytes.fromhex(m.topic.rsplit("/", 1)[1]), m.payload))
+    return out
+
+
+SET_ONE = b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$1\r\n1\r\n"
+DELETE = b"*2\r\n$6\r\nNOTIFY\r\n$6\r\nDELETE\r\n"
+
+
+def test_pattern_watch(mqkv):
+    server = mqkv(config="[state_store]\nmax_observed_patterns = 2\n")
+    watcher = StoreClient(Paho(server, "watcher"), "watcher")
+    writer = StoreClient(Paho(server, "writer"), "writer")
+    assert watcher.request("KEYNOTIFY", "sensors/*", "PATTERN") == b"+OK\r\n"
+    # Keys that do not exist yet are covered; others are not.
+    assert writer.set("sensors/a", "1") == b"+OK\r\n"
+    assert writer.set("other", "1") == b"+OK\r\n"
+    assert notifications(watcher) == [(b"sensors/a", SET_ONE)]
+    # Watched exactly and by pattern: one notification per change.
+    assert watcher.request("KEYNOTIFY", "sensors/a") == b"+OK\r\n"
+    assert watcher.request("KEYNOTIFY", "sensors/?", "PATTERN") == b"+OK\r\n"
+    assert writer.request("DEL", "sensors/a") == b":1\r\n"
+    assert notifications(watcher) == [(b"sensors/a", DELETE)]
+    # The quota of pattern watches per connection.
+    assert watcher.request("KEYNOTIFY", "x*", "PATTERN") == b"-ERR the quota has been exceeded\r\n"
+    # STOP ends a pattern watch (and answers :0 when there is none).
+    assert watcher.request("KEYNOTIFY", "sensors/*", "PATTERN", "STOP") == b"+OK\r\n"
+    assert watcher.request("KEYNOTIFY", "sensors/*", "PATTERN", "STOP") == b":0\r\n"
+    assert watcher.request("KEYNOTIFY", "sensors/?", "PATTERN", "STOP") == b"+OK\r\n"
+    assert watcher.request("KEYNOTIFY", "sensors/a", "STOP") == b"+OK\r\n"
+    assert writer.set("sensors/b", "1") == b"+OK\r\n"
+    assert notifications(watcher) == []
+
+
+def test_a_pattern_watch_notifies_only_readable_keys(secured):  # noqa: F811
+    bob = StoreClient(login(secured, "bob"), "bob-1")
+    alice = StoreClient(login(secured, "alice"), "alice-1")
+    assert bob.request("KEYNOTIFY", "users:*", "PATTERN") == b"+OK\r\n"
+    assert alice.set("users:alice:x", "1") == b"+OK\r\n"
+    assert bob.set("users:bob:x", "1") == b"+OK\r\n"
+    assert notifications(bob) == [(b"users:bob:x", SET_ONE)]

@@ -60,6 +60,9 @@ pub enum Command {
     DelIfVersion { key: Bytes, version: Hlc },
     /// `MGET key...` (an extension): up to [`MAX_MGET_KEYS`] keys read at one moment.
     MGet { keys: Vec<Bytes> },
+    /// `KEYNOTIFY pattern PATTERN [STOP]` (an extension): observe every key the glob
+    /// `pattern` matches, existing or not yet.
+    KeyNotifyPattern { pattern: Bytes, stop: bool },
 }
 
 impl Command {
@@ -74,6 +77,7 @@ impl Command {
             Command::Scan { .. } => "SCAN",
             Command::DelIfVersion { .. } => "DEL",
             Command::MGet { .. } => "MGET",
+            Command::KeyNotifyPattern { .. } => "KEYNOTIFY",
         }
     }
 
@@ -87,7 +91,7 @@ impl Command {
             | Command::VDel { key, .. }
             | Command::DelIfVersion { key, .. }
             | Command::KeyNotify { key, .. } => key,
-            Command::Scan { pattern, .. } => pattern,
+            Command::Scan { pattern, .. } | Command::KeyNotifyPattern { pattern, .. } => pattern,
             Command::MGet { keys } => keys.first().unwrap_or(&NONE),
         }
     }
@@ -233,6 +237,14 @@ impl Command {
                 args.push(b"MGET");
                 for key in keys {
                     args.push(key);
+                }
+            }
+            Command::KeyNotifyPattern { pattern, stop } => {
+                args.push(b"KEYNOTIFY");
+                args.push(pattern);
+                args.push(b"PATTERN");
+                if *stop {
+                    args.push(b"STOP");
                 }
             }
         }
@@ -400,8 +412,23 @@ fn parse_vdel(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKin
     }
 }
 
+/// `KEYNOTIFY key [STOP]`, or (an extension) `KEYNOTIFY pattern PATTERN [STOP]`.
 fn parse_keynotify(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
-    let (Some(key), option, None) = (args.next(), args.next(), args.next()) else {
+    let (key, option, last, more) = (args.next(), args.next(), args.next(), args.next());
+    if let (Some(pattern), Some(option), None) = (&key, &option, &more) {
+        if option.eq_ignore_ascii_case(b"PATTERN") {
+            let stop = match last {
+                None => false,
+                Some(last) if last.eq_ignore_ascii_case(b"STOP") => true,
+                Some(_) => return Err(ErrorKind::SyntaxError),
+            };
+            return Ok(Command::KeyNotifyPattern {
+                pattern: non_empty(pattern.clone())?,
+                stop,
+            });
+        }
+    }
+    let (Some(key), None) = (key, last) else {
         return Err(ErrorKind::WrongNumberOfArguments);
     };
     let key = non_empty(key)?;
@@ -930,6 +957,8 @@ pub(crate) mod tests {
             (arb_bytes(1), arb_version())
                 .prop_map(|(key, version)| Command::DelIfVersion { key, version }),
             proptest::collection::vec(arb_bytes(1), 1..12).prop_map(|keys| Command::MGet { keys }),
+            (arb_bytes(1), any::<bool>())
+                .prop_map(|(pattern, stop)| Command::KeyNotifyPattern { pattern, stop }),
         ]
     }
 
@@ -954,6 +983,14 @@ pub(crate) mod tests {
         assert_eq!(
             &del.encode()[..],
             b"*4\r\n$3\r\nDEL\r\n$6\r\nconfig\r\n$5\r\nIFVER\r\n$26\r\n001732270000456:00000:mqkv\r\n"
+        );
+        let watch = Command::KeyNotifyPattern {
+            pattern: b(b"sensors/*"),
+            stop: false,
+        };
+        assert_eq!(
+            &watch.encode()[..],
+            b"*3\r\n$9\r\nKEYNOTIFY\r\n$9\r\nsensors/*\r\n$7\r\nPATTERN\r\n"
         );
         let mget = Command::MGet {
             keys: vec![b(b"a"), b(b"b"), b(b"c")],
@@ -1045,6 +1082,37 @@ pub(crate) mod tests {
             Some(ErrorKind::WrongNumberOfArguments)
         );
         assert_eq!(e(&[b"MGET"]), Some(ErrorKind::WrongNumberOfArguments));
+        assert_eq!(
+            parse_request(&req(&[b"KEYNOTIFY", b"sensors/*", b"pattern"])),
+            Ok(Command::KeyNotifyPattern {
+                pattern: b(b"sensors/*"),
+                stop: false
+            })
+        );
+        assert_eq!(
+            parse_request(&req(&[b"KEYNOTIFY", b"sensors/*", b"PATTERN", b"STOP"])),
+            Ok(Command::KeyNotifyPattern {
+                pattern: b(b"sensors/*"),
+                stop: true
+            })
+        );
+        assert_eq!(
+            e(&[b"KEYNOTIFY", b"s*", b"PATTERN", b"NOW"]),
+            Some(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            e(&[b"KEYNOTIFY", b"", b"PATTERN"]),
+            Some(ErrorKind::KeyLengthZero)
+        );
+        // AIO's forms answer as they always did.
+        assert_eq!(
+            e(&[b"KEYNOTIFY", b"k", b"STOP", b"x"]),
+            Some(ErrorKind::WrongNumberOfArguments)
+        );
+        assert_eq!(
+            e(&[b"KEYNOTIFY", b"k", b"PATTERN", b"STOP", b"x"]),
+            Some(ErrorKind::WrongNumberOfArguments)
+        );
         assert_eq!(e(&[b"MGET", b"a", b""]), Some(ErrorKind::KeyLengthZero));
         let many: Vec<Vec<u8>> = (0..=MAX_MGET_KEYS)
             .map(|i| format!("k{i}").into_bytes())

@@ -350,6 +350,7 @@ fn approximate_size(entry: &Entry) -> usize {
             | Command::DelIfVersion { key, .. }
             | Command::KeyNotify { key, .. } => key.len(),
             Command::MGet { keys } => keys.iter().map(|k| k.len()).sum(),
+            Command::KeyNotifyPattern { pattern, .. } => pattern.len(),
             Command::Scan { pattern, token } => {
                 pattern.len() + token.as_ref().map_or(0, |t| t.len())
             }

@@ -44,6 +44,9 @@ pub struct StateStoreConfig {
     /// Most keys one connection may observe (KEYNOTIFY) at once; beyond it KEYNOTIFY is
     /// answered `-ERR the quota has been exceeded`.
     pub max_observed_keys: usize,
+    /// Most pattern watches (`KEYNOTIFY pattern PATTERN`, an extension) one connection may
+    /// have at once; beyond it one is answered `-ERR the quota has been exceeded`.
+    pub max_observed_patterns: usize,
     /// Most state store requests per second from one connection (a second's worth may come at
     /// once); beyond it a request is answered `-ERR the quota has been exceeded`. 0: no limit.
     pub max_requests_per_second: u32,
@@ -62,6 +65,7 @@ impl Default for StateStoreConfig {
             max_bytes: None,
             scan_page_size: 100,
             max_observed_keys: 10_000,
+            max_observed_patterns: 16,
             max_requests_per_second: 0,
             node_id: "mqkv".into(),
             snapshot_log_bytes: mqkv_raft::NodeOptions::default().snapshot_log_bytes,

@@ -156,8 +156,12 @@ impl Server {
         store_config.max_bytes = store.max_bytes;
         store_config.scan_page_size = store.scan_page_size;
         let counters = Arc::new(statestore::StoreCounters::new(broker.per_thread()));
-        let notifier =
-            statestore::Notifier::new(&broker, store.max_observed_keys.max(1), counters.clone());
+        let notifier = statestore::Notifier::new(
+            &broker,
+            store.max_observed_keys.max(1),
+            store.max_observed_patterns,
+            counters.clone(),
+        );
         let replicated_cell = Arc::new(std::sync::OnceLock::new());
         let hook = match cluster {
             Some(_) => replicated::hook(notifier.hook(), replicated_cell.clone()),

@@ -305,7 +305,9 @@ impl StateMachine {
             // Observer registrations belong to the node the observer is
             // connected to and are never replicated. Answering here would
             // claim a registration that nobody made, so refuse loudly.
-            Command::KeyNotify { .. } => Applied::error(ErrorKind::UnknownCommand),
+            Command::KeyNotify { .. } | Command::KeyNotifyPattern { .. } => {
+                Applied::error(ErrorKind::UnknownCommand)
+            }
         }
     }
 

@@ -99,7 +99,9 @@ impl StoreCounters {
                 add(&slot.retrievals, keys.len() as u64);
                 return;
             }
-            Command::KeyNotify { .. } => &slot.keynotify_requests,
+            Command::KeyNotify { .. } | Command::KeyNotifyPattern { .. } => {
+                &slot.keynotify_requests
+            }
             Command::Scan { .. } => &slot.scans,
         };
         add(counter, 1);

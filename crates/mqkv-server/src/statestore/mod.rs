@@ -284,6 +284,22 @@ impl StateStoreService {
                 drop(observers);
                 respond(reply, &response, None)
             }
+            Command::KeyNotifyPattern { pattern, stop } => {
+                let mut observers = self.notifier.observers.lock();
+                let response = if *stop {
+                    if observers.stop_pattern(&p.from, pattern) {
+                        Response::Ok
+                    } else {
+                        Response::Integer(0)
+                    }
+                } else if observers.start_pattern(&p.from, pattern, self.notifier.max_patterns) {
+                    Response::Ok
+                } else {
+                    Response::Error(mqkv_protocol::ErrorKind::QuotaExceeded)
+                };
+                drop(observers);
+                respond(reply, &response, None)
+            }
             Command::Get { .. } | Command::Scan { .. } | Command::MGet { .. }
                 if self.node.is_clustered() =>
             {
@@ -359,7 +375,10 @@ fn authorized(command: &Command, who: &ClientIdentity) -> bool {
         | Command::Del { key }
         | Command::VDel { key, .. }
         | Command::DelIfVersion { key, .. } => who.may_use(key, true),
-        Command::KeyNotify { stop: true, .. } | Command::Scan { .. } => true,
+        // A pattern watch, like SCAN, notifies only the keys the client may read.
+        Command::KeyNotify { stop: true, .. }
+        | Command::Scan { .. }
+        | Command::KeyNotifyPattern { .. } => true,
     }
 }
 
@@ -508,7 +527,8 @@ fn waits_for_earlier(publish: &ServicePublish) -> bool {
             Ok(Command::Get { .. }
                 | Command::Scan { .. }
                 | Command::MGet { .. }
-                | Command::KeyNotify { .. })
+                | Command::KeyNotify { .. }
+                | Command::KeyNotifyPattern { .. })
         )
 }
 

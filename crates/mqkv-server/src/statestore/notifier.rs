@@ -9,7 +9,7 @@ use mqkv_broker::access::Policy;
 use mqkv_broker::codec::{PropStr, Properties, QoS};
 use mqkv_broker::{Broker, ClientIdentity, OutboundMessage};
 use mqkv_protocol::properties as prop;
-use mqkv_protocol::{notification_topic, Command};
+use mqkv_protocol::{notification_topic, Command, GlobPattern};
 use mqkv_raft::ApplyHook;
 use mqkv_store::{Applied, ChangeEvent, Entry, Op, Request};
 use parking_lot::Mutex;
@@ -20,6 +20,14 @@ use tokio::sync::{mpsc, Notify};
 pub(super) struct Observers {
     by_key: HashMap<Bytes, HashMap<Arc<str>, u64>>,
     by_connection: HashMap<u64, Observed>,
+    /// Pattern watches (an extension), per connection.
+    patterns: HashMap<u64, Patterns>,
+}
+
+/// The pattern watches of one connection.
+struct Patterns {
+    who: ClientIdentity,
+    globs: Vec<(Bytes, GlobPattern)>,
 }
 
 /// What one connection observes.
@@ -71,8 +79,54 @@ impl Observers {
         true
     }
 
+    /// Registers a pattern watch of `who` on the glob `pattern`, unless its connection already
+    /// has `max` others; returns whether it watches the pattern now.
+    pub(super) fn start_pattern(
+        &mut self,
+        who: &ClientIdentity,
+        pattern: &Bytes,
+        max: usize,
+    ) -> bool {
+        let watches = self
+            .patterns
+            .entry(who.connection_id)
+            .or_insert_with(|| Patterns {
+                who: who.clone(),
+                globs: Vec::new(),
+            });
+        if watches.globs.iter().any(|(p, _)| p == pattern) {
+            return true;
+        }
+        if watches.globs.len() >= max {
+            return false;
+        }
+        watches
+            .globs
+            .push((pattern.clone(), GlobPattern::new(pattern)));
+        true
+    }
+
+    /// Ends a pattern watch; returns whether there was one.
+    pub(super) fn stop_pattern(&mut self, who: &ClientIdentity, pattern: &Bytes) -> bool {
+        let Some(watches) = self.patterns.get_mut(&who.connection_id) else {
+            return false;
+        };
+        let before = watches.globs.len();
+        watches.globs.retain(|(p, _)| p != pattern);
+        let stopped = watches.globs.len() < before;
+        if watches.globs.is_empty() {
+            self.patterns.remove(&who.connection_id);
+        }
+        stopped
+    }
+
     /// Ends the observations that `policy` (just put in force) no longer allows.
     pub(super) fn apply_policy(&mut self, policy: &dyn Policy) {
+        // A pattern watch stays; each key it matches is checked against the new grants.
+        for watches in self.patterns.values_mut() {
+            let who = &watches.who;
+            watches.who.grants = Some(policy.grants(&who.client_id, &who.principal));
+        }
         let mut ended = Vec::new();
         for observed in self.by_connection.values() {
             let who = &observed.who;
@@ -91,6 +145,7 @@ impl Observers {
 
     /// Drops every registration made on a connection that has closed.
     pub(super) fn connection_closed(&mut self, connection_id: u64) {
+        self.patterns.remove(&connection_id);
         let Some(observed) = self.by_connection.remove(&connection_id) else {
             return;
         };
@@ -104,11 +159,25 @@ impl Observers {
         }
     }
 
+    /// The clients to notify of a change of `key`: its observers, and the clients with a
+    /// pattern watch matching it that may read it (each client once).
     fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
-        self.by_key
+        let mut clients: Vec<Arc<str>> = self
+            .by_key
             .get(key)
             .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default()
+            .unwrap_or_default();
+        for watches in self.patterns.values() {
+            let who = &watches.who;
+            if watches.globs.iter().any(|(_, glob)| glob.matches(key))
+                && who.may_use(key, false)
+                && mqkv_protocol::topic::observable(who.client_id.as_bytes(), key)
+                && !clients.contains(&who.client_id)
+            {
+                clients.push(who.client_id.clone());
+            }
+        }
+        clients
     }
 }
 
@@ -128,6 +197,8 @@ pub struct Notifier {
     broker: Broker,
     /// Most keys one connection may observe at once.
     pub(super) max_observed: usize,
+    /// Most pattern watches one connection may have at once.
+    pub(super) max_patterns: usize,
     pub(super) observers: Mutex<Observers>,
     /// Where notifications sent are counted.
     counters: Arc<super::counters::StoreCounters>,
@@ -144,11 +215,13 @@ impl Notifier {
     pub fn new(
         broker: &Broker,
         max_observed: usize,
+        max_patterns: usize,
         counters: Arc<super::counters::StoreCounters>,
     ) -> Arc<Notifier> {
         Arc::new(Notifier {
             broker: broker.clone(),
             max_observed,
+            max_patterns,
             counters,
             observers: Mutex::new(Observers::default()),
             deadline_set: Notify::new(),
