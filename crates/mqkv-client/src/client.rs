@@ -593,6 +593,28 @@ impl Client {
         observe::observe(self, key).await
     }
 
+    /// `KEYNOTIFY pattern PATTERN` (an mqkv extension): a stream of the changes of every key
+    /// the glob `pattern` matches (`*`, `?`, `[a-z]`, `[!x]`), including keys that do not
+    /// exist yet, among those the server lets this client read. Registered again after a
+    /// reconnection; unlike [`Client::observe`], changes made while disconnected are not
+    /// reported.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: mqkv_client::Client) -> Result<(), mqkv_client::Error> {
+    /// let mut sensors = client.observe_pattern("sensors/*").await?;
+    /// while let Some(change) = sensors.recv().await {
+    ///     println!("{:?} {:?}", change.key, change.operation);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn observe_pattern(
+        &self,
+        pattern: impl Into<Bytes>,
+    ) -> Result<crate::PatternObservation> {
+        let pattern = non_empty(pattern.into(), "pattern")?;
+        crate::pattern::observe(self, pattern).await
+    }
+
     /// `KEYNOTIFY ... STOP`: ends an observation (the same as
     /// [`Observation::unobserve`]).
     ///

@@ -50,6 +50,7 @@ mod lease;
 mod lock;
 mod observe;
 mod options;
+mod pattern;
 mod scan;
 
 pub use client::{
@@ -62,4 +63,5 @@ pub use lock::Lock;
 pub use mqkv_protocol::{ErrorKind, Hlc, SetCondition};
 pub use observe::{KeyNotification, Observation, Operation};
 pub use options::{ClientOptions, DelOptions, SetOptions};
+pub use pattern::PatternObservation;
 pub use scan::KeyPager;

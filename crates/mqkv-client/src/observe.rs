@@ -78,6 +78,8 @@ struct Watched {
 #[derive(Default)]
 pub(crate) struct Registry {
     keys: HashMap<Bytes, Watched>,
+    /// Pattern watches (an mqkv extension).
+    pub(crate) patterns: crate::pattern::Patterns,
     next_id: u64,
     /// Notifications handled so far.
     seq: u64,
@@ -89,11 +91,20 @@ impl Registry {
         self.seq
     }
 
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// A new local subscriber id.
+    pub(crate) fn next_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
     /// Adds a local subscriber; true if the key had none (so the server
     /// registration must be made).
     fn add(&mut self, key: &Bytes, tx: mpsc::UnboundedSender<KeyNotification>) -> (u64, bool) {
-        self.next_id += 1;
-        let id = self.next_id;
+        let id = self.next_id();
         let seq = self.seq;
         let watched = self.keys.entry(key.clone()).or_insert_with(|| Watched {
             subscribers: HashMap::new(),
@@ -124,33 +135,32 @@ impl Registry {
         self.keys.keys().cloned().collect()
     }
 
-    /// Hands a server notification to every local observer of the key.
+    /// Hands a server notification to every local observer of the key, and to the pattern
+    /// watches that match it.
     pub(crate) fn deliver(&mut self, key: Bytes, notification: Notification, version: Hlc) {
         self.seq += 1;
         let seq = self.seq;
-        let Some(watched) = self.keys.get_mut(&key) else {
-            return;
-        };
         let operation = match notification {
-            Notification::Set { value } => {
-                watched.last = Seen::Present(version.clone());
-                Operation::Set { value }
-            }
-            Notification::Delete => {
-                watched.last = Seen::Absent;
-                Operation::Delete
-            }
+            Notification::Set { value } => Operation::Set { value },
+            Notification::Delete => Operation::Delete,
         };
-        watched.updated_seq = seq;
         let change = KeyNotification {
             key,
             operation,
             version,
             synthesized: false,
         };
-        for tx in watched.subscribers.values() {
-            let _ = tx.send(change.clone());
+        if let Some(watched) = self.keys.get_mut(&change.key) {
+            watched.last = match &change.operation {
+                Operation::Set { .. } => Seen::Present(change.version.clone()),
+                Operation::Delete => Seen::Absent,
+            };
+            watched.updated_seq = seq;
+            for tx in watched.subscribers.values() {
+                let _ = tx.send(change.clone());
+            }
         }
+        self.patterns.deliver(&change);
     }
 
     /// Records the state of the key as read when the observation started.
@@ -208,11 +218,17 @@ impl Registry {
     pub(crate) fn close(&mut self) {
         self.closed = true;
         self.keys.clear();
+        self.patterns.clear();
     }
 }
 
 fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Registry> {
     shared.observers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The observation registry of a client's connection.
+pub(crate) fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, Registry> {
+    lock(shared)
 }
 
 /// A stream of changes to one key, from [`Client::observe`].
@@ -475,7 +491,11 @@ pub(crate) async fn resync_task(shared: Arc<Shared>) {
 async fn resync(shared: &Arc<Shared>) -> Result<()> {
     let _guard = shared.observe_lock.lock().await;
     let keys = lock(shared).observed_keys();
+    let patterns = lock(shared).patterns.patterns();
     let timeout = shared.default_timeout;
+    for pattern in patterns {
+        crate::pattern::request(shared, &pattern, false, timeout).await?;
+    }
     for key in keys {
         start(shared, &key, timeout).await?;
         let answer: Answer = shared

@@ -383,3 +383,26 @@ async fn compare_and_set_and_mget() {
         DelOutcome::Deleted { .. }
     ));
 }
+
+/// A pattern watch (an mqkv extension): changes of matching keys only, including new keys.
+#[tokio::test]
+async fn a_pattern_watch_sees_every_matching_key() {
+    let server = Server::start();
+    let watcher = server.client("kv-pattern-watcher").await;
+    let writer = server.client("kv-pattern-writer").await;
+    let mut sensors = watcher.observe_pattern("sensors/*").await.unwrap();
+    writer.set("elsewhere", "x").await.unwrap();
+    writer.set("sensors/a", "1").await.unwrap();
+    writer.del("sensors/a").await.unwrap();
+    let first = sensors.recv_timeout(WAIT).await.unwrap().expect("a change");
+    assert_eq!(&first.key[..], b"sensors/a");
+    assert_eq!(
+        first.operation,
+        mqkv_client::Operation::Set {
+            value: Bytes::from_static(b"1")
+        }
+    );
+    let second = sensors.recv_timeout(WAIT).await.unwrap().expect("a change");
+    assert_eq!(second.operation, mqkv_client::Operation::Delete);
+    sensors.unobserve().await.unwrap();
+}

@@ -627,6 +627,51 @@ fn watch_prints_each_change_until_interrupted() {
     assert!(!err.contains("panicked"));
 }
 
+/// `watch 'sensors/*'` watches every matching key, existing or not yet (an mqkv extension);
+/// `--exact` takes the same argument as a key.
+#[test]
+fn watch_a_pattern() {
+    let server = Server::start();
+    let watch = server.spawn(&["watch", "sensors/*"]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        server.run(&["set", "sensors/ping", "ping"]);
+        if watch.lines.recv_timeout(Duration::from_millis(300)).is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "watch never reported anything");
+    }
+    server.run(&["set", "elsewhere", "x"]);
+    server.run(&["set", "sensors/new", "21.5"]);
+    let line = watch.next_line_after_pings(|l| l.contains(" sensors/ping "));
+    assert!(
+        line.contains(" SET sensors/new ") && line.ends_with(" 21.5"),
+        "only matching keys: {line:?}"
+    );
+    watch.signal("INT");
+    assert_eq!(watch.finish().0, Some(0));
+
+    let exact = server.spawn(&["watch", "--exact", "sensors/*"]);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        server.run(&["set", "sensors/*", "literal"]);
+        if let Ok(line) = exact.lines.recv_timeout(Duration::from_millis(300)) {
+            assert!(line.contains(" SET sensors/* "), "{line:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "watch --exact never reported anything"
+        );
+    }
+    server.run(&["set", "sensors/other", "x"]);
+    server.run(&["set", "sensors/*", "again"]);
+    let line = exact.next_line_after_pings(|l| l.ends_with(" literal"));
+    assert!(line.ends_with(" again"), "the literal key only: {line:?}");
+    exact.signal("INT");
+    assert_eq!(exact.finish().0, Some(0));
+}
+
 #[test]
 fn watch_json_lines_and_binary_values() {
     let server = Server::start();

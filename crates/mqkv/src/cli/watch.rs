@@ -1,4 +1,6 @@
-//! `watch KEY...`: one line per change until interrupted.
+//! `watch KEY...`: one line per change until interrupted. A KEY with a glob metacharacter
+//! (`*`, `?`, `[`) is a pattern (an mqkv extension): every key it matches is watched, existing
+//! or not yet; `--exact` takes such arguments as keys.
 //!
 //! Text lines are `TIME OPERATION KEY VERSION [VALUE]`; with `--json`, one
 //! object per line. A change made while the connection was down is reported
@@ -20,9 +22,13 @@ use super::EXIT_OK;
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// The keys to watch (they need not exist yet).
+    /// The keys to watch (they need not exist yet); one with `*`, `?` or `[` is a glob
+    /// pattern and watches every key it matches.
     #[arg(required = true)]
     pub keys: Vec<OsString>,
+    /// Take every argument as a key, even one with glob metacharacters.
+    #[arg(long)]
+    pub exact: bool,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -33,21 +39,18 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<i32> {
     let mut signals = Signals::new();
     let client = args.conn.connect().await?;
     let (tx, mut rx) = mpsc::unbounded_channel::<KeyNotification>();
-    let mut observations = Vec::new();
-    for key in &args.keys {
-        observations.push(client.observe(key_bytes(key)).await?);
-    }
-    // One forwarding task per key merges the streams in arrival order.
+    // One forwarding task per key or pattern merges the streams in arrival order.
     let mut forwarders = Vec::new();
-    for mut observation in observations {
+    for key in &args.keys {
+        let key = key_bytes(key);
         let tx = tx.clone();
-        forwarders.push(tokio::spawn(async move {
-            while let Some(change) = observation.recv().await {
-                if tx.send(change).is_err() {
-                    break;
-                }
-            }
-        }));
+        let changes: Changes = if !args.exact && key.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
+        {
+            Box::pin(client.observe_pattern(key).await?)
+        } else {
+            Box::pin(client.observe(key).await?)
+        };
+        forwarders.push(tokio::spawn(forward(changes, tx)));
     }
     drop(tx);
     let mut status = client.status();
@@ -72,6 +75,18 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<i32> {
     }
     client.disconnect().await;
     result
+}
+
+/// The changes of one key or pattern.
+type Changes = std::pin::Pin<Box<dyn futures_core::Stream<Item = KeyNotification> + Send>>;
+
+/// Sends every change of `changes` to `tx` until either ends.
+async fn forward(mut changes: Changes, tx: mpsc::UnboundedSender<KeyNotification>) {
+    while let Some(change) = std::future::poll_fn(|cx| changes.as_mut().poll_next(cx)).await {
+        if tx.send(change).is_err() {
+            break;
+        }
+    }
 }
 
 fn print_change(out: &OutputArgs, change: &KeyNotification) -> std::io::Result<()> {

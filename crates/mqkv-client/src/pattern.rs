@@ -1,0 +1,286 @@
+//! Pattern watches (an mqkv extension): `KEYNOTIFY pattern PATTERN` registrations and the
+//! notifications of every key they match.
+//!
+//! Invariants:
+//! - The server holds at most one registration per pattern for this client, however many
+//!   [`PatternObservation`]s of it exist locally; the first makes it, the last withdraws it.
+//! - After a reconnection every pattern is registered again. Changes made while the client
+//!   was away are not reported for pattern watches (an exact [`crate::Observation`] reports
+//!   them).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use mqkv_protocol::{Command, GlobPattern, Response};
+use tokio::sync::mpsc;
+
+use crate::client::Client;
+use crate::connection::Shared;
+use crate::error::{Error, Result};
+use crate::observe::KeyNotification;
+
+/// The local subscribers of one pattern.
+struct Watched {
+    glob: GlobPattern,
+    subscribers: HashMap<u64, mpsc::UnboundedSender<KeyNotification>>,
+}
+
+/// Local pattern watches, part of the observation registry.
+#[derive(Default)]
+pub(crate) struct Patterns {
+    by_pattern: HashMap<Bytes, Watched>,
+}
+
+impl Patterns {
+    /// Adds a subscriber with id `id`; true if the pattern had none.
+    fn add(
+        &mut self,
+        pattern: &Bytes,
+        id: u64,
+        tx: mpsc::UnboundedSender<KeyNotification>,
+    ) -> bool {
+        let watched = self
+            .by_pattern
+            .entry(pattern.clone())
+            .or_insert_with(|| Watched {
+                glob: GlobPattern::new(pattern),
+                subscribers: HashMap::new(),
+            });
+        let first = watched.subscribers.is_empty();
+        watched.subscribers.insert(id, tx);
+        first
+    }
+
+    /// Removes a subscriber; true if it was the pattern's last.
+    fn remove(&mut self, pattern: &Bytes, id: u64) -> bool {
+        let Some(watched) = self.by_pattern.get_mut(pattern) else {
+            return false;
+        };
+        if watched.subscribers.remove(&id).is_none() {
+            return false;
+        }
+        if watched.subscribers.is_empty() {
+            self.by_pattern.remove(pattern);
+            return true;
+        }
+        false
+    }
+
+    fn contains(&self, pattern: &Bytes) -> bool {
+        self.by_pattern.contains_key(pattern)
+    }
+
+    pub(crate) fn patterns(&self) -> Vec<Bytes> {
+        self.by_pattern.keys().cloned().collect()
+    }
+
+    /// Hands a change to every subscriber of a pattern that matches its key.
+    pub(crate) fn deliver(&self, change: &KeyNotification) {
+        for watched in self.by_pattern.values() {
+            if watched.glob.matches(&change.key) {
+                for tx in watched.subscribers.values() {
+                    let _ = tx.send(change.clone());
+                }
+            }
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.by_pattern.clear();
+    }
+}
+
+/// A stream of the changes of every key a glob pattern matches, from
+/// [`Client::observe_pattern`].
+///
+/// Receive with [`PatternObservation::recv`] or use it as a
+/// [`Stream`](futures_core::Stream); end it with [`PatternObservation::unobserve`] (dropping it
+/// also withdraws the registration, in the background). Notifications are buffered without
+/// limit until read.
+pub struct PatternObservation {
+    pattern: Bytes,
+    id: u64,
+    rx: mpsc::UnboundedReceiver<KeyNotification>,
+    /// `None` once unobserved.
+    client: Option<Client>,
+}
+
+impl std::fmt::Debug for PatternObservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PatternObservation")
+            .field("pattern", &self.pattern)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PatternObservation {
+    /// The observed pattern.
+    pub fn pattern(&self) -> &Bytes {
+        &self.pattern
+    }
+
+    /// The next change of a matching key; `None` once the client is closed.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: mqkv_client::Client) -> Result<(), mqkv_client::Error> {
+    /// let mut sensors = client.observe_pattern("sensors/*").await?;
+    /// while let Some(change) = sensors.recv().await {
+    ///     println!("{:?}: {:?}", change.key, change.operation);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv(&mut self) -> Option<KeyNotification> {
+        self.rx.recv().await
+    }
+
+    /// Like [`PatternObservation::recv`], giving up after `timeout` with `Ok(None)`;
+    /// `Err(Error::Closed)` once the client is closed.
+    pub async fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<KeyNotification>> {
+        match tokio::time::timeout(timeout, self.rx.recv()).await {
+            Ok(Some(change)) => Ok(Some(change)),
+            Ok(None) => Err(Error::Closed),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Stops watching: withdraws the server registration if this was the pattern's last
+    /// local watch.
+    pub async fn unobserve(mut self) -> Result<()> {
+        let Some(client) = self.client.take() else {
+            return Ok(());
+        };
+        let shared = client.shared();
+        let _guard = shared.observe_lock.lock().await;
+        let last = crate::observe::registry(shared)
+            .patterns
+            .remove(&self.pattern, self.id);
+        if last {
+            request(shared, &self.pattern, true, client.timeout()).await?;
+        }
+        Ok(())
+    }
+}
+
+impl futures_core::Stream for PatternObservation {
+    type Item = KeyNotification;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<KeyNotification>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for PatternObservation {
+    fn drop(&mut self) {
+        let Some(client) = self.client.take() else {
+            return;
+        };
+        let last = crate::observe::registry(client.shared())
+            .patterns
+            .remove(&self.pattern, self.id);
+        if !last {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pattern = self.pattern.clone();
+        runtime.spawn(async move {
+            let shared = client.shared();
+            let _guard = shared.observe_lock.lock().await;
+            if !crate::observe::registry(shared).patterns.contains(&pattern) {
+                let _ = request(shared, &pattern, true, client.timeout()).await;
+            }
+        });
+    }
+}
+
+/// `KEYNOTIFY pattern PATTERN [STOP]`.
+pub(crate) async fn request(
+    shared: &Shared,
+    pattern: &Bytes,
+    stop: bool,
+    timeout: Duration,
+) -> Result<()> {
+    let command = Command::KeyNotifyPattern {
+        pattern: pattern.clone(),
+        stop,
+    };
+    match shared.call(&command, None, timeout).await?.response {
+        Response::Ok => Ok(()),
+        // STOP of a registration the server no longer has (it restarted, say).
+        Response::Integer(0) if stop => Ok(()),
+        other => Err(Error::protocol(
+            "KEYNOTIFY",
+            format!("unexpected answer {other:?}"),
+        )),
+    }
+}
+
+/// Opens a pattern watch (see [`Client::observe_pattern`]).
+pub(crate) async fn observe(client: &Client, pattern: Bytes) -> Result<PatternObservation> {
+    let shared = client.shared();
+    let _guard = shared.observe_lock.lock().await;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (id, first) = {
+        let mut registry = crate::observe::registry(shared);
+        if registry.is_closed() {
+            return Err(Error::Closed);
+        }
+        let id = registry.next_id();
+        (id, registry.patterns.add(&pattern, id, tx))
+    };
+    if first {
+        if let Err(e) = request(shared, &pattern, false, client.timeout()).await {
+            crate::observe::registry(shared)
+                .patterns
+                .remove(&pattern, id);
+            return Err(e);
+        }
+    }
+    Ok(PatternObservation {
+        pattern,
+        id,
+        rx,
+        client: Some(client.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::Operation;
+    use mqkv_protocol::Hlc;
+
+    fn change(key: &'static str) -> KeyNotification {
+        KeyNotification {
+            key: Bytes::from_static(key.as_bytes()),
+            operation: Operation::Delete,
+            version: Hlc::new(1, 0, "n"),
+            synthesized: false,
+        }
+    }
+
+    #[test]
+    fn a_change_reaches_the_subscribers_of_matching_patterns() {
+        let mut p = Patterns::default();
+        let (tx1, mut rx1) = mpsc::unbounded_channel();
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        let sensors = Bytes::from_static(b"sensors/*");
+        assert!(p.add(&sensors, 1, tx1));
+        assert!(p.add(&Bytes::from_static(b"doors/*"), 2, tx2));
+        p.deliver(&change("sensors/a"));
+        assert_eq!(&rx1.try_recv().expect("matched").key[..], b"sensors/a");
+        assert!(rx2.try_recv().is_err());
+        let (tx3, _rx3) = mpsc::unbounded_channel();
+        assert!(
+            !p.add(&sensors, 3, tx3),
+            "a second subscriber of the pattern"
+        );
+        assert!(!p.remove(&sensors, 1));
+        assert!(p.remove(&sensors, 3), "the last one");
+        assert_eq!(p.patterns(), vec![Bytes::from_static(b"doors/*")]);
+    }
+}
