@@ -81,10 +81,10 @@ def test_pubsub_counters_move_by_exactly_what_was_sent(mqkv):
     after = quiet(server)
     sent = len(payloads) + 1
     size = sum(map(len, payloads)) + len(b"retained!")
-    assert delta(before, after, "aio_broker_publishes_received") == sent
-    assert delta(before, after, "aio_broker_payload_bytes_received") == size
-    assert delta(before, after, "aio_broker_publishes_sent") == 2 * sent
-    assert delta(before, after, "aio_broker_payload_bytes_sent") == 2 * size
+    assert delta(before, after, "aio_broker_publishes_received", category="uncategorized") == sent
+    assert delta(before, after, "aio_broker_payload_bytes_received", category="uncategorized") == size
+    assert delta(before, after, "aio_broker_publishes_sent", category="uncategorized") == 2 * sent
+    assert delta(before, after, "aio_broker_payload_bytes_sent", category="uncategorized") == 2 * size
     assert value(after, "aio_broker_store_retained_messages") == 1
     assert value(after, "aio_broker_store_retained_bytes") == len("m/kept") + len(b"retained!")
     # One more connection: one more authentication.
@@ -123,8 +123,8 @@ def test_state_store_counters_and_latency(mqkv):
     assert d("aio_broker_state_store_notifications_sent") == 1
     assert d("mqkv_state_store_scans") == 1
     # Every request is a PUBLISH received and answered with one.
-    assert d("aio_broker_publishes_received") == 11
-    assert d("aio_broker_publishes_sent") == 11 + 1
+    assert d("aio_broker_publishes_received", category="uncategorized") == 11
+    assert d("aio_broker_publishes_sent", category="uncategorized") == 11 + 1
     for command, n in (("SET", 5), ("GET", 2), ("DEL", 1), ("VDEL", 1), ("KEYNOTIFY", 1),
                        ("SCAN", 1)):
         assert d("mqkv_state_store_request_duration_seconds_count", command=command) == n
@@ -219,3 +219,58 @@ def test_durable_log_writes_are_counted_and_timed(mqkv, tmp_path):
     assert d("mqkv_log_write_duration_seconds_bucket", le="+Inf") == commits
     assert d("mqkv_log_write_duration_seconds_sum") > 0
     assert d("mqkv_log_entries_written") >= commits
+
+
+def test_traffic_per_metric_category_and_dropped_qos0(mqkv):
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    server = mqkv("--http", f"{HOST}:0")
+    sub = Paho(server, "cat-sub")
+    assert sub.subscribe("c/#", 1) == [1]
+    props = Properties(PacketTypes.CONNECT)
+    props.UserProperty = [("metriccategory", "plant-a")]
+    pub = Paho(server, "cat-pub", properties=props)
+    # A persistent session whose client is away: QoS 0 messages for it are dropped.
+    away_props = Properties(PacketTypes.CONNECT)
+    away_props.SessionExpiryInterval = 300
+    away = Paho(server, "cat-away", clean_start=False, properties=away_props)
+    assert away.subscribe("c/#", 0) == [0]
+    away.disconnect()
+    before = quiet(server)
+    for i in range(3):
+        pub.publish(f"c/{i}", b"abcd", qos=1)
+    pub.publish("c/q0", b"zero", qos=0)
+    sub.collect(4)
+    after = quiet(server)
+    d = lambda name, **kw: delta(before, after, name, **kw)  # noqa: E731
+    assert d("aio_broker_publishes_received", category="plant-a") == 4
+    assert d("aio_broker_payload_bytes_received", category="plant-a") == 16
+    assert d("aio_broker_publishes_received", category="uncategorized") == 0
+    # What the uncategorized subscriber received counts under its own category.
+    assert d("aio_broker_publishes_sent", category="uncategorized") == 4
+    assert d("aio_broker_publishes_sent", category="plant-a") == 0
+    assert d("aio_broker_qos0_messages_dropped", direction="outgoing") == 4
+
+
+def test_sets_refused_before_the_log_are_counted_too(mqkv, tmp_path):
+    passwords = tmp_path / "passwords"
+    subprocess.run([MQKV_BIN, "passwd", str(passwords), "u", "--password-stdin"],
+                   input=b"pw\n", check=True, timeout=30)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "- principals: { usernames: [u] }\n  brokerResources:\n    - method: Connect\n"
+        "    - method: Publish\n      topics: ['statestore/#']\n"
+        "    - method: Subscribe\n      topics: ['clients/#']\n"
+        "  stateStoreResources:\n    - method: ReadWrite\n      keyType: Pattern\n"
+        "      keys: ['mine:*']\n")
+    server = mqkv("--http", f"{HOST}:0", "--password-file", passwords, "--policy", policy)
+    c = StoreClient(Paho(server, "u-1", username="u", password="pw"), "u-1")
+    assert c.set("mine:k", "1") == b"+OK\r\n"
+    before = quiet(server)
+    assert c.set("theirs", "1") == b"-ERR not authorized\r\n"
+    assert c.request("SET", "mine:k", "2", "NX", "NEX") == b"-ERR syntax error\r\n"
+    after = quiet(server)
+    # The refused SET of a missing key is an insertion; the malformed one never parsed.
+    assert delta(before, after, "aio_broker_state_store_insertions") == 1
+    assert delta(before, after, "aio_broker_state_store_modifications") == 0

@@ -145,13 +145,13 @@ impl Broker {
 
     /// What the broker has counted so far, without the gauges (which look at every session).
     pub fn counters(&self) -> crate::stats::BrokerStats {
-        crate::stats::BrokerStats::counters(&self.inner.stats)
+        crate::stats::BrokerStats::counters(&self.inner.stats, &self.inner.categories)
     }
 
     /// What the broker has counted so far, and its gauges now.
     pub fn stats(&self) -> crate::stats::BrokerStats {
         let inner = &self.inner;
-        let mut stats = crate::stats::BrokerStats::counters(&inner.stats);
+        let mut stats = crate::stats::BrokerStats::counters(&inner.stats, &inner.categories);
         let sessions: Vec<Arc<crate::session::Session>> =
             inner.sessions.lock().values().cloned().collect();
         stats.total_sessions = sessions.len() as u64;

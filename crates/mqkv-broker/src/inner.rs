@@ -95,6 +95,8 @@ pub(crate) struct Inner {
     pub(crate) reserved: RwLock<Vec<Arc<crate::access::Reserved>>>,
     /// What the broker counted, per connection thread.
     pub(crate) stats: Arc<crate::stats::PerThread<crate::stats::Counters>>,
+    /// The metric categories clients named.
+    pub(crate) categories: crate::stats::Categories,
     /// Open connections by listener kind: `tcp`, `tls`, `ws`, `wss`.
     pub(crate) live_by_kind: [AtomicUsize; 4],
     /// Open connections per address, when they are limited.
@@ -140,6 +142,7 @@ impl Inner {
             policy: crate::access::PolicySlot::default(),
             reserved: RwLock::new(Vec::new()),
             stats: Arc::new(crate::stats::PerThread::new(threads.len())),
+            categories: crate::stats::Categories::default(),
             live_by_kind: Default::default(),
             per_address: Mutex::new(HashMap::new()),
             threads,

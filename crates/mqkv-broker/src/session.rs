@@ -103,6 +103,8 @@ pub struct Link {
     pub receive_maximum: u16,
     pub max_packet_size: usize,
     pub topic_alias_maximum: u16,
+    /// The metric category the client named (see [`crate::stats::Categories`]).
+    pub category: usize,
     aliases: HashMap<String, u16>,
     control: VecDeque<Control>,
     /// Set when the connection must end after what is queued has been written.
@@ -210,6 +212,7 @@ impl Link {
             receive_maximum,
             max_packet_size,
             topic_alias_maximum,
+            category: 0,
             aliases: HashMap::new(),
             control: VecDeque::new(),
             closing: false,
@@ -586,7 +589,8 @@ impl Session {
         }
         // Not a clone of the shared `Arc`: its count would move between threads on every pass.
         if let Some(stats) = st.stats.as_deref().filter(|_| sent > 0) {
-            let here = stats.here();
+            let category = st.link.as_ref().map_or(0, |l| l.category);
+            let here = &stats.here().traffic[category];
             crate::stats::add(&here.publishes_sent, sent);
             crate::stats::add(&here.payload_bytes_sent, bytes);
         }

@@ -7,6 +7,7 @@
 //! a moment's figure like any other; once traffic stops it is exact.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::placement::current_home;
 
@@ -65,15 +66,70 @@ pub fn sum<T>(per_thread: &PerThread<T>, counter: impl Fn(&T) -> &AtomicU64) -> 
         .sum()
 }
 
-/// What one thread counted.
+/// Most metric categories told apart (AIO's `metriccategory` CONNECT user property); clients
+/// naming further ones are counted as [`UNCATEGORIZED`].
+pub const MAX_CATEGORIES: usize = 16;
+
+/// The category of clients that name none.
+pub const UNCATEGORIZED: &str = "uncategorized";
+
+/// The CONNECT user property naming a client's metric category (as AIO's broker reads it).
+pub const CATEGORY_PROPERTY: &str = "metriccategory";
+
+/// Publishes counted for one metric category.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub struct Traffic {
     /// PUBLISH packets received from clients (every QoS, refused ones included).
     pub publishes_received: AtomicU64,
     pub payload_bytes_received: AtomicU64,
     /// PUBLISH packets written to clients (redeliveries included).
     pub publishes_sent: AtomicU64,
     pub payload_bytes_sent: AtomicU64,
+}
+
+/// The metric categories clients named, each with its number (0: [`UNCATEGORIZED`]).
+#[derive(Debug)]
+pub struct Categories(parking_lot::Mutex<Vec<Arc<str>>>);
+
+impl Default for Categories {
+    fn default() -> Self {
+        Categories(parking_lot::Mutex::new(vec![Arc::from(UNCATEGORIZED)]))
+    }
+}
+
+impl Categories {
+    /// The number of category `name` (`None`: uncategorized), given one if it is new and
+    /// there is room.
+    pub fn number(&self, name: Option<&str>) -> usize {
+        let Some(name) = name.filter(|n| !n.is_empty()) else {
+            return 0;
+        };
+        let mut names = self.0.lock();
+        if let Some(i) = names.iter().position(|n| &**n == name) {
+            return i;
+        }
+        if names.len() >= MAX_CATEGORIES {
+            tracing::debug!(
+                category = name,
+                "too many metric categories: counted as uncategorized"
+            );
+            return 0;
+        }
+        names.push(Arc::from(name));
+        names.len() - 1
+    }
+
+    /// The names, by number.
+    pub fn names(&self) -> Vec<Arc<str>> {
+        self.0.lock().clone()
+    }
+}
+
+/// What one thread counted.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Publishes by metric category (see [`Categories`]).
+    pub traffic: [Traffic; MAX_CATEGORIES],
     /// QoS 0 messages dropped on their way out: for a disconnected session, or a full queue.
     pub qos0_dropped: AtomicU64,
     /// Messages of any QoS dropped by a full session queue (`queue_full`).
@@ -92,6 +148,9 @@ pub struct BrokerStats {
     pub payload_bytes_received: u64,
     pub publishes_sent: u64,
     pub payload_bytes_sent: u64,
+    /// The same four, per metric category: (name, received, bytes received, sent, bytes
+    /// sent).
+    pub by_category: Vec<(Arc<str>, [u64; 4])>,
     pub qos0_dropped: u64,
     pub queue_full_dropped: u64,
     pub authentication_successes: u64,
@@ -113,12 +172,32 @@ pub struct BrokerStats {
 
 impl BrokerStats {
     /// The counters of `per_thread`, summed.
-    pub(crate) fn counters(per_thread: &PerThread<Counters>) -> BrokerStats {
+    pub(crate) fn counters(
+        per_thread: &PerThread<Counters>,
+        categories: &Categories,
+    ) -> BrokerStats {
+        let by_category: Vec<(Arc<str>, [u64; 4])> = categories
+            .names()
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let t = |f: fn(&Traffic) -> &AtomicU64| sum(per_thread, |c| f(&c.traffic[i]));
+                let figures = [
+                    t(|x| &x.publishes_received),
+                    t(|x| &x.payload_bytes_received),
+                    t(|x| &x.publishes_sent),
+                    t(|x| &x.payload_bytes_sent),
+                ];
+                (name, figures)
+            })
+            .collect();
+        let total = |i: usize| by_category.iter().map(|(_, f)| f[i]).sum();
         BrokerStats {
-            publishes_received: sum(per_thread, |c| &c.publishes_received),
-            payload_bytes_received: sum(per_thread, |c| &c.payload_bytes_received),
-            publishes_sent: sum(per_thread, |c| &c.publishes_sent),
-            payload_bytes_sent: sum(per_thread, |c| &c.payload_bytes_sent),
+            publishes_received: total(0),
+            payload_bytes_received: total(1),
+            publishes_sent: total(2),
+            payload_bytes_sent: total(3),
+            by_category,
             qos0_dropped: sum(per_thread, |c| &c.qos0_dropped),
             queue_full_dropped: sum(per_thread, |c| &c.queue_full_dropped),
             authentication_successes: sum(per_thread, |c| &c.authentication_successes),
@@ -135,11 +214,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn slots_add_up() {
+    fn slots_add_up_per_category() {
         let p: PerThread<Counters> = PerThread::new(3);
-        add(&p.here().publishes_received, 2);
-        add(&p.all().nth(2).expect("slot").publishes_received, 5);
-        assert_eq!(sum(&p, |c| &c.publishes_received), 7);
-        assert_eq!(BrokerStats::counters(&p).publishes_received, 7);
+        let categories = Categories::default();
+        let plant = categories.number(Some("plant-a"));
+        assert_eq!(categories.number(None), 0);
+        assert_eq!(categories.number(Some("plant-a")), plant);
+        add(&p.here().traffic[0].publishes_received, 2);
+        add(
+            &p.all().nth(2).expect("slot").traffic[plant].publishes_received,
+            5,
+        );
+        let stats = BrokerStats::counters(&p, &categories);
+        assert_eq!(stats.publishes_received, 7);
+        assert_eq!(stats.by_category[0].0.as_ref(), UNCATEGORIZED);
+        assert_eq!(stats.by_category[0].1[0], 2);
+        assert_eq!(stats.by_category[plant].0.as_ref(), "plant-a");
+        assert_eq!(stats.by_category[plant].1[0], 5);
+    }
+
+    #[test]
+    fn categories_beyond_the_limit_count_as_uncategorized() {
+        let categories = Categories::default();
+        for i in 1..MAX_CATEGORIES {
+            assert_eq!(categories.number(Some(&format!("c{i}"))), i);
+        }
+        assert_eq!(categories.number(Some("one-too-many")), 0);
+        assert_eq!(categories.number(Some("")), 0);
+        assert_eq!(categories.names().len(), MAX_CATEGORIES);
     }
 }

@@ -94,17 +94,16 @@ pub fn render(s: &Sources) -> String {
     let b = s.broker.stats();
     let c = &s.counters;
 
-    // The state store, by AIO's names: requests received, errors included, except SETs
-    // refused before they reach the log (malformed or not authorized).
+    // The state store, by AIO's names: requests received, errors included.
     let store = [
         (
             "insertions",
-            "SET requests that created their key",
+            "SET requests that created their key (refused ones: of a key that did not exist)",
             c.total(|x| &x.insertions),
         ),
         (
             "modifications",
-            "SET requests of a key that existed, applied or refused by their condition",
+            "SET requests of a key that existed, applied or refused",
             c.total(|x| &x.modifications),
         ),
         (
@@ -133,38 +132,43 @@ pub fn render(s: &Sources) -> String {
         );
     }
 
-    // The broker, by AIO's names.
-    let broker = [
+    // The broker, by AIO's names. Traffic per metric category: the `metriccategory` user
+    // property of the client's CONNECT.
+    let traffic = [
         (
             "aio_broker_publishes_received",
-            "counter",
             "PUBLISH packets received from clients",
-            b.publishes_received,
-        ),
-        (
-            "aio_broker_publishes_sent",
-            "counter",
-            "PUBLISH packets sent to clients",
-            b.publishes_sent,
         ),
         (
             "aio_broker_payload_bytes_received",
-            "counter",
             "payload bytes of PUBLISH packets received",
-            b.payload_bytes_received,
+        ),
+        (
+            "aio_broker_publishes_sent",
+            "PUBLISH packets sent to clients",
         ),
         (
             "aio_broker_payload_bytes_sent",
-            "counter",
             "payload bytes of PUBLISH packets sent",
-            b.payload_bytes_sent,
         ),
-        (
-            "aio_broker_qos0_messages_dropped",
-            "counter",
-            "QoS 0 messages dropped for a disconnected or full session",
-            b.qos0_dropped,
-        ),
+    ];
+    for (i, (name, help)) in traffic.into_iter().enumerate() {
+        o.header(name, "counter", help);
+        for (category, figures) in &b.by_category {
+            o.sample(name, &[("category", category)], figures[i]);
+        }
+    }
+    o.header(
+        "aio_broker_qos0_messages_dropped",
+        "counter",
+        "QoS 0 messages dropped on their way to a disconnected or full session",
+    );
+    o.sample(
+        "aio_broker_qos0_messages_dropped",
+        &[("direction", "outgoing")],
+        b.qos0_dropped,
+    );
+    let broker = [
         (
             "aio_broker_connected_sessions",
             "gauge",

@@ -278,13 +278,22 @@ pub(crate) async fn run(
     let expiry = granted.expiry;
 
     let conn_id = inner.next_connection_id();
-    let link = Link::new(
+    let category = inner.categories.number(
+        connect
+            .properties
+            .user_properties
+            .iter()
+            .find(|(k, _)| k == crate::stats::CATEGORY_PROPERTY)
+            .map(|(_, v)| &**v),
+    );
+    let mut link = Link::new(
         conn_id,
         level,
         granted.client_receive_max,
         granted.client_max_packet,
         granted.client_alias_max,
     );
+    link.category = category;
     let notify = link.notify.clone();
     let handover = link.handover.clone();
     let relocate = link.relocate.clone();
@@ -355,6 +364,7 @@ pub(crate) async fn run(
         session: session.clone(),
         conn_id,
         level,
+        category,
         client_id: client_id.clone(),
         ident: ident.clone(),
         policy_generation,

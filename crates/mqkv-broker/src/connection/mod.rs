@@ -129,6 +129,8 @@ pub(super) struct Conn {
     session: Arc<Session>,
     conn_id: u64,
     level: u8,
+    /// The metric category the client named in CONNECT (see [`crate::stats::Categories`]).
+    category: usize,
     client_id: ClientId,
     ident: crate::service::ClientIdentity,
     /// The policy generation `ident`'s grants were worked out under.

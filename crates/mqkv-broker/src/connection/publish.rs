@@ -78,7 +78,7 @@ impl Conn {
     /// into a future of its own on its way.
     pub(super) fn publish(&mut self, mut p: codec::Publish) -> Result<Option<Handoff>, Violation> {
         let v5 = self.v5();
-        let counters = self.inner.stats.here();
+        let counters = &self.inner.stats.here().traffic[self.category];
         crate::stats::add(&counters.publishes_received, 1);
         crate::stats::add(&counters.payload_bytes_received, p.payload.len() as u64);
         // Topic alias.

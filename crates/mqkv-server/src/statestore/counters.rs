@@ -107,8 +107,9 @@ impl StoreCounters {
         add(counter, 1);
     }
 
-    /// A SET the log answered: an insertion when it created its key, else a modification
-    /// (also when its condition or fencing token refused it).
+    /// A SET answered: an insertion when it created its key (or, refused before the log, when
+    /// its key did not exist), else a modification (also when its condition or fencing token
+    /// refused it).
     pub fn set_applied(&self, created: bool) {
         let slot = self.here();
         add(

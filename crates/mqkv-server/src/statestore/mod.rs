@@ -156,6 +156,18 @@ impl StateStoreService {
         Ok((response, version))
     }
 
+    /// Counts a SET refused before it reached the log (AIO counts requests, errors included)
+    /// as an insertion or a modification, by whether its key exists. Only refusals pay for
+    /// the look: an applied SET is classified by the store as it applies it.
+    fn count_refused_set(&self, command: &Command, now: u64) {
+        if let Command::Set { key, .. } = command {
+            let exists = self
+                .node
+                .read(|m| m.get_with(key, now, |_, _| ()).is_some());
+            self.counters.set_applied(!exists);
+        }
+    }
+
     /// Proposes an expiry entry whenever the earliest key deadline passes.
     async fn expire_loop(self: Arc<Self>) {
         loop {
@@ -255,9 +267,11 @@ impl StateStoreService {
         let started = std::time::Instant::now();
         let command = counters::command_index(&request.command);
         if let Err(kind) = mqkv_store::validate(&request, now) {
+            self.count_refused_set(&request.command, now);
             return Handled::Done(Some(respond(reply, &Response::Error(kind), None)));
         }
         if !authorized(&request.command, &p.from) {
+            self.count_refused_set(&request.command, now);
             mqkv_broker::stats::add(&self.counters.here().not_authorized, 1);
             tracing::debug!(client_id = %p.from.client_id, command = request.command.verb(), "state store request not authorized");
             let denied = Response::Error(mqkv_protocol::ErrorKind::NotAuthorized);
