@@ -206,3 +206,38 @@ def test_a_client_still_sending_reads_the_disconnect_reason(mqkv):
         pass
     reasons = [p.reason for p in packets if p.type == r.DISCONNECT]
     assert reasons == [0x93], f"packets read before the close: {packets!r}"
+
+
+def test_every_retained_message_reaches_a_wildcard_subscriber_paced(mqkv):
+    """Ten times more retained messages than a session queue holds: the subscriber gets all
+    of them, once each, as fast as it acknowledges them; a live publish on a topic whose
+    retained message is still waiting replaces it instead of being followed by it."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    server = mqkv("--max-queued-messages", "20")
+    pub = Paho(server, "paced-pub")
+    for i in range(200):
+        assert pub.publish(f"paced/{i:03}", f"r{i}".encode(), qos=1, retain=True) in (0, 16)
+    props = Properties(PacketTypes.CONNECT)
+    props.ReceiveMaximum = 5
+    sub = Paho(server, "paced-sub", properties=props, manual_ack=True)
+    sub.subscribe("paced/#", 1)
+    # Five in flight, unacknowledged: the rest wait in the queue and behind it.
+    got = sub.collect(5)
+    sub.expect_nothing(0.3)
+    assert pub.publish("paced/199", b"live", qos=1) == 0
+    for m in got:
+        sub.client.ack(m.mid, m.qos)
+    while len(got) < 200:
+        m = sub.get(timeout=10)
+        got.append(m)
+        sub.client.ack(m.mid, m.qos)
+    by_topic = {}
+    for m in got:
+        by_topic.setdefault(m.topic, []).append(m.payload)
+    assert len(by_topic) == 200
+    assert all(len(v) == 1 for v in by_topic.values()), by_topic
+    assert by_topic["paced/199"] == [b"live"]
+    assert by_topic["paced/100"] == [b"r100"]
+    sub.expect_nothing(0.5)

@@ -50,7 +50,7 @@ impl SessionSummary {
                 .and_then(|p| p.username.as_deref().map(str::to_owned)),
             subscriptions,
             inflight: st.inflight.len(),
-            queued: st.queue.len(),
+            queued: st.queue.len() + st.retained_backlog.len(),
             dropped: st.dropped_messages,
             expiry_interval: st.expiry_interval,
         }

@@ -8,6 +8,7 @@
 
 pub mod access;
 pub mod auth;
+mod backlog;
 mod broker;
 mod cluster;
 pub mod codec;

@@ -240,6 +240,10 @@ pub struct SessionState {
     /// Subscriptions by the filter string as the client sent it (including `$share/...`).
     pub subscriptions: HashMap<String, (SubscriptionOptions, Option<u32>)>,
     pub(crate) queue: VecDeque<Delivery>,
+    /// Retained messages a subscription matched that did not fit in `queue` yet.
+    pub(crate) retained_backlog: crate::backlog::RetainedBacklog,
+    /// The queue length the backlog refills `queue` up to (the queue limit when it filled).
+    pub(crate) backlog_limit: usize,
     pub(crate) inflight: VecDeque<(u16, Inflight)>,
     pub incoming_qos2: HashSet<u16>,
     pub(crate) next_packet_id: u16,
@@ -303,9 +307,10 @@ impl Session {
     /// Drops the queued messages (not yet sent) whose topic `drop` picks; returns how many.
     pub fn drop_queued(&self, drop: impl Fn(&str) -> bool) -> usize {
         let mut st = self.state.lock();
-        let before = st.queue.len();
+        let before = st.queue.len() + st.retained_backlog.len();
         st.queue.retain(|d| !drop(&d.message.topic));
-        before - st.queue.len()
+        st.retained_backlog.retain(|topic| !drop(topic));
+        before - st.queue.len() - st.retained_backlog.len()
     }
 
     /// Queues a message and wakes the connection, if any.
@@ -364,6 +369,9 @@ impl Session {
                     result = Enqueued::Dropped;
                 }
             }
+        }
+        if !st.retained_backlog.is_empty() {
+            st.retained_backlog.supersede(&d.message.topic);
         }
         st.queue.push_back(d);
         let Some(link) = &mut st.link else {
@@ -482,8 +490,8 @@ impl Session {
             return false;
         };
         st.inflight.remove(pos);
-        // A freed place in the window can only let a queued message go.
-        if st.queue.is_empty() {
+        // A freed place in the window can only let a queued (or backlogged) message go.
+        if st.queue.is_empty() && st.retained_backlog.is_empty() {
             return true;
         }
         if let Some(link) = st.link.as_mut().filter(|l| l.conn_id == conn_id) {
@@ -523,6 +531,9 @@ impl Session {
         let now = Instant::now();
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        if !st.retained_backlog.is_empty() {
+            st.retained_backlog.refill(&mut st.queue, st.backlog_limit);
+        }
         let link = st.link.as_mut().filter(|l| l.conn_id == conn_id)?;
         let level = link.protocol_level;
         // PUBLISH packets written, and their payload bytes.
@@ -597,6 +608,32 @@ impl Session {
         Some(false)
     }
 
+    /// Queues the retained messages a new subscription matched: as many as the queue has room
+    /// for, the others waiting until it drains (see [`crate::backlog`]).
+    pub fn enqueue_retained(&self, deliveries: Vec<Delivery>, limits: QueueLimits) {
+        let mut st = self.state.lock();
+        if st.link.is_none() {
+            drop(st);
+            for d in deliveries {
+                self.enqueue(d, limits);
+            }
+            return;
+        }
+        // Half the queue at most, so live messages still find room while retained ones catch
+        // up.
+        st.backlog_limit = (limits.max_queued / 2).max(1);
+        for d in deliveries {
+            if st.retained_backlog.is_empty() && st.queue.len() < st.backlog_limit {
+                st.queue.push_back(d);
+            } else {
+                st.retained_backlog.push(d);
+            }
+        }
+        if let Some(link) = &mut st.link {
+            link.wake();
+        }
+    }
+
     /// Whether more can be written right now (more queued and flow control allows it).
     pub fn has_ready(&self, conn_id: u64) -> bool {
         let st = self.state.lock();
@@ -607,7 +644,11 @@ impl Session {
             return true;
         }
         match st.queue.front() {
-            None => false,
+            // The next drain refills the queue from the retained backlog.
+            None => {
+                !st.retained_backlog.is_empty()
+                    && st.inflight.len() < usize::from(link.receive_maximum)
+            }
             Some(d) => {
                 d.qos == QoS::AtMostOnce || st.inflight.len() < usize::from(link.receive_maximum)
             }

@@ -227,10 +227,8 @@ impl Conn {
             properties: Properties::default(),
             reason_codes: codes,
         }));
-        let limits = self.inner.queue_limits();
-        for d in retained {
-            self.session.enqueue(d, limits);
-        }
+        self.session
+            .enqueue_retained(retained, self.inner.queue_limits());
         Ok(())
     }
 }
