@@ -336,7 +336,7 @@ fn answer(replies: Vec<Reply>, result: Result<(u64, Vec<Outcome>), WriteError>) 
 fn approximate_size(entry: &Entry) -> usize {
     const OVERHEAD: usize = 64;
     let payload = match &entry.op {
-        Op::ExpireDue | Op::SetLimits(_) => 0,
+        Op::ExpireDue | Op::SetLimits(_) | Op::SetHistory(_) => 0,
         Op::Meta(changes) => changes
             .iter()
             .map(|c| c.key.len() + c.value.as_ref().map_or(0, |v| v.len()))

@@ -39,6 +39,9 @@ pub enum Op {
     SetLimits(Limits),
     /// Change records of the cluster table (see `meta`), in order.
     Meta(Vec<crate::MetaChange>),
+    /// Change how much of the change history is kept (see `history`). Through the log, as
+    /// `SetLimits`, so that every replica keeps the same history.
+    SetHistory(crate::HistoryLimits),
 }
 
 /// The adjustable part of a [`crate::StoreConfig`].

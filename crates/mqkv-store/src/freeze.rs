@@ -101,6 +101,8 @@ pub struct Frozen {
     dedup: Vec<u8>,
     /// The cluster table, encoded at the freeze (it is small).
     meta: Vec<u8>,
+    /// The change history, encoded at the freeze (bounded).
+    history: Vec<u8>,
     keys: usize,
 }
 
@@ -126,6 +128,7 @@ impl StateMachine {
         }
         let dedup = postcard::to_allocvec(&self.dedup)?;
         let meta = postcard::to_allocvec(&self.meta)?;
+        let history = postcard::to_allocvec(&self.history)?;
         let id = FREEZES.fetch_add(1, Ordering::Relaxed);
         self.frozen.0 = Some(Box::new(Undo {
             id,
@@ -137,6 +140,7 @@ impl StateMachine {
             clock: self.clock.clone(),
             dedup,
             meta,
+            history,
             keys: self.keys.len(),
         }))
     }
@@ -249,6 +253,7 @@ impl<R: Fn(&mut dyn FnMut(&StateMachine))> FrozenSnapshot<'_, R> {
         FrozenKeys(self).serialize(&mut out)?;
         out.output.try_extend(&self.frozen.dedup)?;
         out.output.try_extend(&self.frozen.meta)?;
+        out.output.try_extend(&self.frozen.history)?;
         out.output.finalize()
     }
 }

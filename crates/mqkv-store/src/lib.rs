@@ -37,6 +37,7 @@ mod expire;
 mod fencing;
 mod freeze;
 mod get;
+mod history;
 mod machine;
 mod meta;
 mod quota;
@@ -51,6 +52,9 @@ pub use config::{StoreConfig, DEFAULT_SCAN_PAGE_SIZE};
 pub use dedup::{CAPACITY as DEDUP_CAPACITY, MAX_RETENTION_MS as DEDUP_MAX_RETENTION_MS};
 pub use entry::{Applied, ChangeEvent, ChangeKind, DedupId, Entry, Limits, Op, Request};
 pub use freeze::{Frozen, FrozenSnapshot, Thawed};
+pub use history::{
+    Compacted, HistoryLimits, DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_CHANGES, DEFAULT_HISTORY_MS,
+};
 pub use machine::StateMachine;
 pub use meta::MetaChange;
 pub use scan::SCAN_TOKEN_PREFIX;

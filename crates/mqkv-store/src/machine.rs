@@ -79,6 +79,8 @@ pub struct StateMachine {
     pub(crate) stored_bytes: u64,
     pub(crate) dedup: DedupTable,
     pub(crate) meta: MetaTable,
+    /// The recent changes, for watches that resume (see `history`).
+    pub(crate) history: crate::history::History,
     /// The undo map of a snapshot being taken piecewise (see `freeze`).
     pub(crate) frozen: FreezeSlot,
 }
@@ -95,6 +97,7 @@ impl StateMachine {
             stored_bytes: 0,
             dedup: DedupTable::default(),
             meta: MetaTable::default(),
+            history: crate::history::History::default(),
             frozen: FreezeSlot::default(),
         }
     }
@@ -106,6 +109,7 @@ impl StateMachine {
         keys: Vec<(Key, Record)>,
         dedup: DedupTable,
         meta: MetaTable,
+        history: crate::history::History,
     ) -> Self {
         let mut machine = StateMachine {
             config,
@@ -115,6 +119,7 @@ impl StateMachine {
             stored_bytes: 0,
             dedup,
             meta,
+            history,
             frozen: FreezeSlot::default(),
         };
         let own_node = machine.clock.current().node_id;
@@ -189,6 +194,7 @@ impl StateMachine {
             .saturating_add(PER_ANSWER.saturating_mul(self.dedup.len() as u64))
             .saturating_add(self.meta.bytes())
             .saturating_add(PER_KEY.saturating_mul(self.meta.len() as u64))
+            .saturating_add(self.history.size_hint())
     }
 
     /// The cluster table's record under `key`.
@@ -238,9 +244,36 @@ impl StateMachine {
 
     /// Applies one log entry. Reads no clock: time is `entry.now_ms`.
     pub fn apply(&mut self, entry: &Entry) -> Applied {
+        let applied = self.apply_op(entry);
+        if !applied.events.is_empty() {
+            self.history.record(&applied.events, entry.now_ms);
+        }
+        applied
+    }
+
+    /// The changes of `key` after version `after`, oldest first, for a watch that resumes;
+    /// [`crate::Compacted`] when the history no longer holds them all.
+    pub fn history_since(
+        &self,
+        key: &[u8],
+        after: &Hlc,
+    ) -> Result<Vec<crate::ChangeEvent>, crate::Compacted> {
+        self.history.since(key, after)
+    }
+
+    /// How much change history is kept.
+    pub fn history_limits(&self) -> crate::HistoryLimits {
+        self.history.limits()
+    }
+
+    fn apply_op(&mut self, entry: &Entry) -> Applied {
         let now = entry.now_ms;
         self.dedup.prune(now);
         match &entry.op {
+            Op::SetHistory(limits) => {
+                self.history.set_limits(*limits, now);
+                Applied::reply(Response::Ok, None)
+            }
             Op::ExpireDue => self.apply_expire_due(now),
             Op::SetLimits(limits) => {
                 self.config.max_keys = limits.max_keys;
@@ -432,7 +465,7 @@ fn remembered_as(op: &Op) -> Option<&crate::DedupId> {
             .dedup
             .as_ref()
             .filter(|_| request.command.is_write()),
-        Op::ExpireDue | Op::SetLimits(_) | Op::Meta(_) => None,
+        Op::ExpireDue | Op::SetLimits(_) | Op::Meta(_) | Op::SetHistory(_) => None,
     }
 }
 

@@ -13,14 +13,15 @@ use serde::de::{Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::dedup::DedupTable;
+use crate::history::History;
 use crate::machine::{Key, Record};
 use crate::meta::MetaTable;
 use crate::{StateMachine, StoreConfig};
 
 /// Bumped whenever the snapshot layout changes, so an old binary refuses a
-/// newer snapshot instead of misreading it. Format 1 had no cluster table
-/// and is still read.
-pub const SNAPSHOT_FORMAT: u32 = 2;
+/// newer snapshot instead of misreading it. Format 1 had no cluster table,
+/// format 2 no change history; both are still read.
+pub const SNAPSHOT_FORMAT: u32 = 3;
 
 /// The oldest format still read.
 const OLDEST_FORMAT: u32 = 1;
@@ -33,6 +34,7 @@ struct SnapshotRef<'a, K: Serialize> {
     keys: K,
     dedup: &'a DedupTable,
     meta: &'a MetaTable,
+    history: &'a History,
 }
 
 struct KeysRef<'a>(&'a std::collections::BTreeMap<Key, Box<Record>>);
@@ -98,6 +100,7 @@ pub struct SnapshotCopy {
     keys: Vec<(Key, Record)>,
     dedup: DedupTable,
     meta: MetaTable,
+    history: History,
 }
 
 impl SnapshotCopy {
@@ -112,6 +115,7 @@ impl SnapshotCopy {
                 .collect(),
             dedup: machine.dedup.clone(),
             meta: machine.meta.clone(),
+            history: machine.history.clone(),
         }
     }
 }
@@ -125,6 +129,7 @@ impl Serialize for SnapshotCopy {
             keys: KeysCopied(&self.keys),
             dedup: &self.dedup,
             meta: &self.meta,
+            history: &self.history,
         }
         .serialize(serializer)
     }
@@ -136,9 +141,11 @@ struct SnapshotOwned {
     keys: Vec<(Bytes, Record)>,
     dedup: DedupTable,
     meta: MetaTable,
+    history: History,
 }
 
-/// The fields of a snapshot in order; the cluster table only from format 2.
+/// The fields of a snapshot in order; the cluster table only from format 2, the change
+/// history only from format 3.
 /// (Read as a tuple so that a format-1 snapshot, one field shorter, reads
 /// too: postcard has no field names or lengths to tell them apart by.)
 impl<'de> Deserialize<'de> for SnapshotOwned {
@@ -168,16 +175,23 @@ impl<'de> Deserialize<'de> for SnapshotOwned {
                 } else {
                     MetaTable::default()
                 };
+                let history = if format >= 3 {
+                    seq.next_element()?.ok_or_else(missing)?
+                } else {
+                    // Nothing is known of the changes before the snapshot.
+                    History::starting_at(HlcClock::current(&clock).wall_ms)
+                };
                 Ok(SnapshotOwned {
                     config,
                     clock,
                     keys,
                     dedup,
                     meta,
+                    history,
                 })
             }
         }
-        deserializer.deserialize_tuple(6, Fields)
+        deserializer.deserialize_tuple(7, Fields)
     }
 }
 
@@ -190,6 +204,7 @@ impl Serialize for StateMachine {
             keys: KeysRef(&self.keys),
             dedup: &self.dedup,
             meta: &self.meta,
+            history: &self.history,
         }
         .serialize(serializer)
     }
@@ -208,6 +223,7 @@ impl<'de> Deserialize<'de> for StateMachine {
                 .collect(),
             snapshot.dedup,
             snapshot.meta,
+            snapshot.history,
         ))
     }
 }
@@ -361,20 +377,52 @@ mod tests {
         assert_eq!(postcard::to_allocvec(&m.snapshot_copy()).unwrap(), bytes);
     }
 
-    /// A snapshot written before the cluster table existed (format 1: the
-    /// same fields without it) still reads, with an empty table.
+    /// The bytes `m` had serialized to under an older `format`: format 2 without the change
+    /// history (the last field), format 1 without the cluster table before it too.
+    fn older_snapshot(m: &StateMachine, format: u8) -> Vec<u8> {
+        let mut bytes = postcard::to_allocvec(m).unwrap();
+        let history = postcard::to_allocvec(&m.history).unwrap();
+        bytes.truncate(bytes.len() - history.len());
+        if format == 1 {
+            // The empty cluster table is a zero-length sequence.
+            assert_eq!(bytes.pop(), Some(0));
+        }
+        assert_eq!(bytes[0], 3);
+        bytes[0] = format;
+        bytes
+    }
+
+    /// Snapshots written before the cluster table (format 1) or the change history (format 2)
+    /// existed still read: with an empty table, and a history that knows nothing before the
+    /// snapshot, so a watch resuming from before it is told to resynchronise.
     #[test]
-    fn a_format_1_snapshot_reads_with_an_empty_cluster_table() {
+    fn older_snapshots_read_with_what_they_lacked_empty() {
         let m = populated();
-        let mut current = postcard::to_allocvec(&m).unwrap();
-        // The empty table is the last byte (a zero-length sequence); the
-        // format is the first.
-        assert_eq!(current.pop(), Some(0));
-        assert_eq!(current[0], 2);
-        current[0] = 1;
-        let restored: StateMachine = postcard::from_bytes(&current).unwrap();
-        assert_eq!(restored, m);
-        assert_eq!(restored.meta_len(), 0);
+        for format in [1, 2] {
+            let mut restored: StateMachine =
+                postcard::from_bytes(&older_snapshot(&m, format)).unwrap();
+            assert_eq!(restored.meta_len(), 0);
+            assert_eq!(
+                restored.history_since(b"fenced", &Hlc::new(1, 0, "srv")),
+                Err(crate::Compacted)
+            );
+            restored.history = m.history.clone();
+            assert_eq!(restored, m, "format {format}");
+        }
+    }
+
+    /// The change history survives a snapshot.
+    #[test]
+    fn the_change_history_is_part_of_the_snapshot() {
+        let m = populated();
+        let before = m.history_since(b"fenced", &Hlc::new(1, 0, "srv"));
+        assert_eq!(before.as_ref().map(Vec::len), Ok(1));
+        let bytes = postcard::to_allocvec(&m).unwrap();
+        let restored: StateMachine = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(
+            restored.history_since(b"fenced", &Hlc::new(1, 0, "srv")),
+            before
+        );
     }
 
     #[test]

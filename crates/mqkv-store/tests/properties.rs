@@ -333,7 +333,7 @@ proptest! {
         for entry in &entries {
             let key = match &entry.op {
                 Op::Request(r) => Some(r.command.key().clone()),
-                Op::ExpireDue | Op::SetLimits(_) | Op::Meta(_) => None,
+                Op::ExpireDue | Op::SetLimits(_) | Op::Meta(_) | Op::SetHistory(_) => None,
             };
             let before = key.as_ref().map(|k| m.get(k, entry.now_ms));
             let applied = m.apply(entry);
