@@ -1,4 +1,4 @@
-//! Client-side decoders for responses and notifications: no panics, and
+//! Client-side decoders for responses (MGET answers included) and notifications: no panics, and
 //! anything accepted re-encodes into a non-empty payload that parses back
 //! to the same value.
 #![no_main]
@@ -11,6 +11,10 @@ fuzz_target!(|data: &[u8]| {
         let encoded = response.encode();
         assert!(!encoded.is_empty());
         assert_eq!(Response::parse(&encoded), Ok(response));
+    }
+    // An MGET answer, as a client that sent MGET reads it.
+    if let Ok(values) = Response::parse_values(data) {
+        assert_eq!(Response::parse_values(&values.encode()), Ok(values));
     }
     if let Ok(notification) = Notification::parse(data) {
         assert_eq!(Notification::parse(&notification.encode()), Ok(notification));

@@ -1,8 +1,11 @@
 """mqkv's extensions of the state store protocol, on the wire: compare-and-set (SET and DEL
-with IFVER), and MGET. Byte-exact answers as docs/extensions.md writes them; errors with the
-store's existing texts; the policy applies; every node of a cluster answers alike."""
+with IFVER), MGET, pattern watches and watches that resume (KEYNOTIFY ... SINCE). Byte-exact
+answers as docs/extensions.md writes them; errors with the store's existing texts; the policy
+applies; every node of a cluster answers alike."""
 
 from __future__ import annotations
+
+import time
 
 from helpers import Paho
 from statestore import StoreClient
@@ -150,3 +153,96 @@ def test_a_pattern_watch_notifies_only_readable_keys(secured):  # noqa: F811
     assert alice.set("users:alice:x", "1") == b"+OK\r\n"
     assert bob.set("users:bob:x", "1") == b"+OK\r\n"
     assert notifications(bob) == [(b"users:bob:x", SET_ONE)]
+
+
+def test_a_watch_resumes_since_a_version(server):
+    watcher = StoreClient(Paho(server, "resumer"), "resumer")
+    writer = StoreClient(Paho(server, "w"), "w")
+    assert writer.set("door", "open") == b"+OK\r\n"
+    v1 = version(writer)
+    assert writer.set("door", "shut") == b"+OK\r\n"
+    v2 = version(writer)
+    assert writer.set("other", "x") == b"+OK\r\n"
+    assert writer.request("DEL", "door") == b":1\r\n"
+    v3 = version(writer)
+    # The changes after v1, in order, each with its version, before the answer.
+    assert watcher.request("KEYNOTIFY", "door", "SINCE", v1) == b"+OK\r\n"
+    replayed = [(m.payload, dict(m.properties.UserProperty)["__ts"]) for m in watcher.others]
+    watcher.others = []
+    assert replayed == [
+        (b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$4\r\nshut\r\n", v2),
+        (DELETE, v3),
+    ]
+    # Then live, as any observation.
+    assert writer.set("door", "open") == b"+OK\r\n"
+    live = notifications(watcher)
+    assert [p for _, p in live] == [b"*4\r\n$6\r\nNOTIFY\r\n$3\r\nSET\r\n$5\r\nVALUE\r\n$4\r\nopen\r\n"]
+    # Nothing after the newest version: nothing replayed.
+    other = StoreClient(Paho(server, "resumer-2"), "resumer-2")
+    assert other.request("KEYNOTIFY", "door", "SINCE", version(writer)) == b"+OK\r\n"
+    assert notifications(other) == []
+    assert other.request("KEYNOTIFY", "door", "SINCE", "then") == b"-ERR syntax error\r\n"
+
+
+def test_a_version_older_than_the_history_is_refused(mqkv):
+    server = mqkv(config="[state_store]\nhistory_changes = 3\n")
+    watcher = StoreClient(Paho(server, "late"), "late")
+    writer = StoreClient(Paho(server, "w"), "w")
+    assert writer.set("k", "1") == b"+OK\r\n"
+    v1 = version(writer)
+    for i in range(5):
+        assert writer.set(f"noise{i}", "x") == b"+OK\r\n"
+    assert watcher.request("KEYNOTIFY", "k", "SINCE", v1) == \
+        b"-ERR the changes since that version are no longer kept\r\n"
+    # Nothing was registered: a change of k is not notified.
+    assert writer.set("k", "2") == b"+OK\r\n"
+    assert notifications(watcher) == []
+
+
+def test_the_seam_between_replay_and_live_has_no_gap_and_no_duplicate(server):
+    """A writer changes the key as fast as it can while the watcher resumes: every version
+    after the one named arrives exactly once, in order."""
+    import threading
+
+    writer = StoreClient(Paho(server, "seam-w"), "seam-w")
+    assert writer.set("hot", "0") == b"+OK\r\n"
+    start = version(writer)
+    versions = []
+    done = threading.Event()
+
+    def write():
+        for i in range(1, 301):
+            assert writer.set("hot", str(i)) == b"+OK\r\n"
+            versions.append(version(writer))
+        done.set()
+    t = threading.Thread(target=write)
+    t.start()
+    while len(versions) < 50:
+        time.sleep(0.005)
+    watcher = StoreClient(Paho(server, "seam-r"), "seam-r")
+    assert watcher.request("KEYNOTIFY", "hot", "SINCE", start) == b"+OK\r\n"
+    t.join(30)
+    assert done.is_set()
+    got = []
+    deadline = time.monotonic() + 10
+    while len(got) < 300 and time.monotonic() < deadline:
+        got += [dict(m.properties.UserProperty)["__ts"] for m in watcher.others]
+        watcher.others = []
+        got += [dict(m.properties.UserProperty)["__ts"] for m in watcher.paho.drain(quiet=0.3)]
+    assert got == versions
+
+
+def test_a_resumable_watch_survives_a_restart(mqkv, tmp_path):
+    data = tmp_path / "data"
+    server = mqkv("--storage", "disk", "--data-dir", data)
+    writer = StoreClient(Paho(server, "w"), "w")
+    assert writer.set("k", "1") == b"+OK\r\n"
+    v1 = version(writer)
+    assert writer.set("k", "2") == b"+OK\r\n"
+    v2 = version(writer)
+    writer.paho.close()
+    assert server.terminate() == 0
+    server = mqkv("--storage", "disk", "--data-dir", data)
+    watcher = StoreClient(Paho(server, "r"), "r")
+    assert watcher.request("KEYNOTIFY", "k", "SINCE", v1) == b"+OK\r\n"
+    assert [dict(m.properties.UserProperty)["__ts"] for m in watcher.others] == [v2]

@@ -593,6 +593,25 @@ impl Client {
         observe::observe(self, key).await
     }
 
+    /// `KEYNOTIFY key SINCE version` (an mqkv extension): observes `key`, first receiving every
+    /// change made after `since` (a version this application saw before, such as the last one
+    /// it processed), in order, then the live ones, with no gap and no duplicate between them.
+    /// Fails with [`crate::ErrorKind::HistoryCompacted`] when the server no longer keeps
+    /// those changes: read the key again then.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: mqkv_client::Client, last: mqkv_client::Hlc) -> Result<(), mqkv_client::Error> {
+    /// let mut door = client.observe_since("door", last).await?;
+    /// while let Some(change) = door.recv().await {
+    ///     println!("{:?} at {}", change.operation, change.version);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn observe_since(&self, key: impl Into<Bytes>, since: Hlc) -> Result<Observation> {
+        let key = non_empty(key.into(), "key")?;
+        observe::observe_since(self, key, since).await
+    }
+
     /// `KEYNOTIFY pattern PATTERN` (an mqkv extension): a stream of the changes of every key
     /// the glob `pattern` matches (`*`, `?`, `[a-z]`, `[!x]`), including keys that do not
     /// exist yet, among those the server lets this client read. Registered again after a

@@ -6,10 +6,14 @@
 //!   however many [`Observation`]s of that key exist locally; the
 //!   registration is made by the first and withdrawn by the last.
 //! - For every observed key the registry remembers the last state it
-//!   reported (present with a version, or absent). After a reconnection the
-//!   registration is renewed and a fresh GET is compared with that state;
-//!   a difference is reported as a synthesized notification, so no change
-//!   made while the client was away goes unreported.
+//!   reported (present with a version, or absent) and the newest version it
+//!   saw. After a reconnection the registration is renewed with
+//!   `KEYNOTIFY key SINCE version` (an mqkv extension), and the server sends
+//!   every change made meanwhile as it happened. Where it cannot (no version
+//!   seen yet, a server without the extension, or one that no longer keeps
+//!   those changes), a fresh GET is compared with the remembered state; a
+//!   difference is reported as a synthesized notification. Either way no
+//!   change made while the client was away goes unreported.
 //! - An answer is only compared with the remembered state if no
 //!   notification for the key arrived after it: such a notification is
 //!   newer than the answer and already reported.
@@ -69,6 +73,8 @@ enum Seen {
 struct Watched {
     subscribers: HashMap<u64, mpsc::UnboundedSender<KeyNotification>>,
     last: Seen,
+    /// The newest version reported or read: of a SET, or of a deletion.
+    version: Option<Hlc>,
     /// [`Registry::seq`] when a notification last updated `last`.
     updated_seq: u64,
 }
@@ -109,6 +115,7 @@ impl Registry {
         let watched = self.keys.entry(key.clone()).or_insert_with(|| Watched {
             subscribers: HashMap::new(),
             last: Seen::Unknown,
+            version: None,
             updated_seq: seq,
         });
         let first = watched.subscribers.is_empty();
@@ -131,8 +138,12 @@ impl Registry {
         false
     }
 
-    fn observed_keys(&self) -> Vec<Bytes> {
-        self.keys.keys().cloned().collect()
+    /// Every observed key, with the newest version seen of it.
+    fn observed_keys(&self) -> Vec<(Bytes, Option<Hlc>)> {
+        self.keys
+            .iter()
+            .map(|(key, watched)| (key.clone(), watched.version.clone()))
+            .collect()
     }
 
     /// Hands a server notification to every local observer of the key, and to the pattern
@@ -155,12 +166,22 @@ impl Registry {
                 Operation::Set { .. } => Seen::Present(change.version.clone()),
                 Operation::Delete => Seen::Absent,
             };
+            watched.version = Some(change.version.clone());
             watched.updated_seq = seq;
             for tx in watched.subscribers.values() {
                 let _ = tx.send(change.clone());
             }
         }
         self.patterns.deliver(&change);
+    }
+
+    /// Records `version` as seen for `key`, unless a newer one was.
+    fn note_version(&mut self, key: &Bytes, version: &Hlc) {
+        if let Some(watched) = self.keys.get_mut(key) {
+            if watched.version.as_ref().is_none_or(|v| v < version) {
+                watched.version = Some(version.clone());
+            }
+        }
     }
 
     /// Records the state of the key as read when the observation started.
@@ -172,7 +193,10 @@ impl Registry {
             return;
         }
         watched.last = match current {
-            Some(v) => Seen::Present(v.version.clone()),
+            Some(v) => {
+                watched.version = Some(v.version.clone());
+                Seen::Present(v.version.clone())
+            }
             None => Seen::Absent,
         };
     }
@@ -190,6 +214,7 @@ impl Registry {
             (Some(v), Seen::Present(last)) if *last >= v.version => None,
             (Some(v), _) => {
                 watched.last = Seen::Present(v.version.clone());
+                watched.version = Some(v.version.clone());
                 Some((Operation::Set { value: v.value }, v.version))
             }
             (None, Seen::Present(_)) => {
@@ -392,6 +417,29 @@ async fn stop(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
     }
 }
 
+/// `KEYNOTIFY key SINCE version`: the server sends the changes after `since` as notifications
+/// before it answers. False when it cannot (it no longer keeps them, or does not know the
+/// extension): the caller then reads the key instead.
+async fn resume(shared: &Shared, key: &Bytes, since: &Hlc, timeout: Duration) -> Result<bool> {
+    let command = Command::KeyNotifySince {
+        key: key.clone(),
+        since: since.clone(),
+    };
+    match shared.call(&command, None, timeout).await {
+        Ok(answer) if answer.response == Response::Ok => Ok(true),
+        Ok(answer) => Err(Error::protocol(
+            "KEYNOTIFY",
+            format!("unexpected answer {:?}", answer.response),
+        )),
+        Err(Error::Server(crate::ServerError::Known(
+            mqkv_protocol::ErrorKind::HistoryCompacted
+            | mqkv_protocol::ErrorKind::SyntaxError
+            | mqkv_protocol::ErrorKind::WrongNumberOfArguments,
+        ))) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 async fn start(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
     let command = Command::KeyNotify {
         key: key.clone(),
@@ -451,6 +499,43 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
     }
 }
 
+/// Opens an observation that first receives the changes after `since` (see
+/// [`Client::observe_since`]).
+pub(crate) async fn observe_since(client: &Client, key: Bytes, since: Hlc) -> Result<Observation> {
+    let shared = client.shared();
+    let _guard = shared.observe_lock.lock().await;
+    if lock(shared).closed {
+        return Err(Error::Closed);
+    }
+    if lock(shared).keys.contains_key(&key) {
+        return Err(Error::InvalidArgument(
+            "the key is already observed by this client: resume before observing it".into(),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (id, _) = lock(shared).add(&key, tx);
+    lock(shared).note_version(&key, &since);
+    match resume(shared, &key, &since, client.timeout()).await {
+        Ok(true) => Ok(Observation {
+            key,
+            id,
+            rx,
+            initial: None,
+            client: Some(client.clone()),
+        }),
+        Ok(false) => {
+            lock(shared).remove(&key, id);
+            Err(Error::Server(crate::ServerError::Known(
+                mqkv_protocol::ErrorKind::HistoryCompacted,
+            )))
+        }
+        Err(e) => {
+            lock(shared).remove(&key, id);
+            Err(e)
+        }
+    }
+}
+
 /// GET with the notification sequence number of its answer.
 async fn read_key(client: &Client, key: &Bytes) -> Result<(Option<Versioned>, u64)> {
     let answer = client
@@ -496,7 +581,12 @@ async fn resync(shared: &Arc<Shared>) -> Result<()> {
     for pattern in patterns {
         crate::pattern::request(shared, &pattern, false, timeout).await?;
     }
-    for key in keys {
+    for (key, seen) in keys {
+        if let Some(since) = seen {
+            if resume(shared, &key, &since, timeout).await? {
+                continue;
+            }
+        }
         start(shared, &key, timeout).await?;
         let answer: Answer = shared
             .call(&Command::Get { key: key.clone() }, None, timeout)

@@ -203,3 +203,60 @@ async fn an_unchanged_key_reports_nothing_after_a_reconnect() {
     observer.set("absent", "now").await.unwrap();
     assert_eq!(next(&mut obs).await.operation, set_of("now"));
 }
+
+/// After a restart of a durable server the observation resumes from the last version it saw
+/// (`KEYNOTIFY key SINCE version`): every change made while it was away arrives as it
+/// happened, in order, none of them synthesized.
+#[tokio::test]
+async fn changes_made_while_away_arrive_as_they_happened() {
+    let dir = std::env::temp_dir().join(format!("mqkv-client-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut server = Server::start_durable(&dir);
+    // Slow to reconnect, so that the writer below changes the key while it is away.
+    let options = server
+        .options("obs-resume")
+        .reconnect_delay(Duration::from_secs(2), Duration::from_secs(3));
+    let observer = Client::connect(options).await.unwrap();
+    observer.set("lamp", "on").await.unwrap();
+    let mut obs = observer.observe("lamp").await.unwrap();
+
+    server.restart();
+    let writer = server.client("obs-resume-writer").await;
+    writer.set("lamp", "dim").await.unwrap();
+    writer.set("lamp", "off").await.unwrap();
+    writer.del("lamp").await.unwrap();
+
+    let seen = [
+        next(&mut obs).await,
+        next(&mut obs).await,
+        next(&mut obs).await,
+    ];
+    let operations: Vec<&Operation> = seen.iter().map(|n| &n.operation).collect();
+    assert_eq!(
+        operations,
+        [&set_of("dim"), &set_of("off"), &Operation::Delete],
+        "{seen:?}"
+    );
+    assert!(seen.iter().all(|n| !n.synthesized), "{seen:?}");
+    assert!(seen[0].version < seen[1].version && seen[1].version < seen[2].version);
+    nothing_within(&mut obs, Duration::from_millis(300)).await;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `observe_since`: the changes after a version, then the live ones.
+#[tokio::test]
+async fn an_observation_can_start_from_a_version() {
+    let server = Server::start();
+    let client = server.client("obs-since").await;
+    let first = client.set("gate", "a").await.unwrap();
+    let since = first.version().expect("applied").clone();
+    client.set("gate", "b").await.unwrap();
+    client.set("gate", "c").await.unwrap();
+    let mut obs = client.observe_since("gate", since).await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("b"));
+    assert_eq!(next(&mut obs).await.operation, set_of("c"));
+    client.set("gate", "d").await.unwrap();
+    assert_eq!(next(&mut obs).await.operation, set_of("d"));
+    nothing_within(&mut obs, Duration::from_millis(300)).await;
+}

@@ -63,6 +63,9 @@ pub enum Command {
     /// `KEYNOTIFY pattern PATTERN [STOP]` (an extension): observe every key the glob
     /// `pattern` matches, existing or not yet.
     KeyNotifyPattern { pattern: Bytes, stop: bool },
+    /// `KEYNOTIFY key SINCE version` (an extension): observe `key`, first receiving every
+    /// change after `since` that happened meanwhile.
+    KeyNotifySince { key: Bytes, since: Hlc },
 }
 
 impl Command {
@@ -77,7 +80,7 @@ impl Command {
             Command::Scan { .. } => "SCAN",
             Command::DelIfVersion { .. } => "DEL",
             Command::MGet { .. } => "MGET",
-            Command::KeyNotifyPattern { .. } => "KEYNOTIFY",
+            Command::KeyNotifyPattern { .. } | Command::KeyNotifySince { .. } => "KEYNOTIFY",
         }
     }
 
@@ -90,6 +93,7 @@ impl Command {
             | Command::Del { key }
             | Command::VDel { key, .. }
             | Command::DelIfVersion { key, .. }
+            | Command::KeyNotifySince { key, .. }
             | Command::KeyNotify { key, .. } => key,
             Command::Scan { pattern, .. } | Command::KeyNotifyPattern { pattern, .. } => pattern,
             Command::MGet { keys } => keys.first().unwrap_or(&NONE),
@@ -172,7 +176,8 @@ impl Command {
                 condition: Some(SetCondition::IfVersion(v)),
                 ..
             }
-            | Command::DelIfVersion { version: v, .. } => Some(v.to_text()),
+            | Command::DelIfVersion { version: v, .. }
+            | Command::KeyNotifySince { since: v, .. } => Some(v.to_text()),
             _ => None,
         };
         let mut args = Args::default();
@@ -246,6 +251,12 @@ impl Command {
                 if *stop {
                     args.push(b"STOP");
                 }
+            }
+            Command::KeyNotifySince { key, .. } => {
+                args.push(b"KEYNOTIFY");
+                args.push(key);
+                args.push(b"SINCE");
+                args.push(version.as_deref().unwrap_or_default().as_bytes());
             }
         }
         f(args.as_slice());
@@ -412,9 +423,18 @@ fn parse_vdel(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKin
     }
 }
 
-/// `KEYNOTIFY key [STOP]`, or (an extension) `KEYNOTIFY pattern PATTERN [STOP]`.
+/// `KEYNOTIFY key [STOP]`, or (extensions) `KEYNOTIFY pattern PATTERN [STOP]` and
+/// `KEYNOTIFY key SINCE version`.
 fn parse_keynotify(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
     let (key, option, last, more) = (args.next(), args.next(), args.next(), args.next());
+    if let (Some(key), Some(option), Some(version), None) = (&key, &option, &last, &more) {
+        if option.eq_ignore_ascii_case(b"SINCE") {
+            return Ok(Command::KeyNotifySince {
+                key: non_empty(key.clone())?,
+                since: parse_version(version)?,
+            });
+        }
+    }
     if let (Some(pattern), Some(option), None) = (&key, &option, &more) {
         if option.eq_ignore_ascii_case(b"PATTERN") {
             let stop = match last {
@@ -959,6 +979,8 @@ pub(crate) mod tests {
             proptest::collection::vec(arb_bytes(1), 1..12).prop_map(|keys| Command::MGet { keys }),
             (arb_bytes(1), any::<bool>())
                 .prop_map(|(pattern, stop)| Command::KeyNotifyPattern { pattern, stop }),
+            (arb_bytes(1), arb_version())
+                .prop_map(|(key, since)| Command::KeyNotifySince { key, since }),
         ]
     }
 
@@ -991,6 +1013,14 @@ pub(crate) mod tests {
         assert_eq!(
             &watch.encode()[..],
             b"*3\r\n$9\r\nKEYNOTIFY\r\n$9\r\nsensors/*\r\n$7\r\nPATTERN\r\n"
+        );
+        let resume = Command::KeyNotifySince {
+            key: b(b"door"),
+            since: Hlc::parse("001732270000123:00000:mqkv").expect("version"),
+        };
+        assert_eq!(
+            &resume.encode()[..],
+            b"*4\r\n$9\r\nKEYNOTIFY\r\n$4\r\ndoor\r\n$5\r\nSINCE\r\n$26\r\n001732270000123:00000:mqkv\r\n"
         );
         let mget = Command::MGet {
             keys: vec![b(b"a"), b(b"b"), b(b"c")],
@@ -1103,6 +1133,17 @@ pub(crate) mod tests {
         assert_eq!(
             e(&[b"KEYNOTIFY", b"", b"PATTERN"]),
             Some(ErrorKind::KeyLengthZero)
+        );
+        assert_eq!(
+            parse_request(&req(&[b"KEYNOTIFY", b"k", b"since", v.as_bytes()])),
+            Ok(Command::KeyNotifySince {
+                key: b(b"k"),
+                since: Hlc::new(1_700_000_000_000, 2, "node-1"),
+            })
+        );
+        assert_eq!(
+            e(&[b"KEYNOTIFY", b"k", b"SINCE", b"then"]),
+            Some(ErrorKind::SyntaxError)
         );
         // AIO's forms answer as they always did.
         assert_eq!(

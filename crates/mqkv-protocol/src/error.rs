@@ -53,11 +53,15 @@ pub enum ErrorKind {
     /// it as an error with this text.
     #[error("the key is too long to be observed")]
     KeyTooLongToObserve,
+    /// `KEYNOTIFY key SINCE version` (an extension) for a version older than the change
+    /// history the server keeps: the client must read the key again.
+    #[error("the changes since that version are no longer kept")]
+    HistoryCompacted,
 }
 
 impl ErrorKind {
     /// Every variant, in the order of the wire-compat table.
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 14] = [
         ErrorKind::TimestampSkew,
         ErrorKind::MissingFencingToken,
         ErrorKind::FencingTokenSkew,
@@ -71,6 +75,7 @@ impl ErrorKind {
         ErrorKind::MalformedTimestamp,
         ErrorKind::KeyLengthZero,
         ErrorKind::KeyTooLongToObserve,
+        ErrorKind::HistoryCompacted,
     ];
 
     /// The exact text that follows `-ERR ` on the wire.
@@ -89,6 +94,7 @@ impl ErrorKind {
             ErrorKind::MalformedTimestamp => "malformed timestamp",
             ErrorKind::KeyLengthZero => "the key length is zero",
             ErrorKind::KeyTooLongToObserve => "the key is too long to be observed",
+            ErrorKind::HistoryCompacted => "the changes since that version are no longer kept",
         }
     }
 
@@ -121,6 +127,7 @@ mod tests {
             "the key length is zero",
             // mqkv's own, after the table's.
             "the key is too long to be observed",
+            "the changes since that version are no longer kept",
         ];
         assert_eq!(expected.len(), ErrorKind::ALL.len());
         for (kind, text) in ErrorKind::ALL.iter().zip(expected) {

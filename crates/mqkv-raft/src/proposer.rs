@@ -348,6 +348,7 @@ fn approximate_size(entry: &Entry) -> usize {
             Command::Get { key }
             | Command::Del { key }
             | Command::DelIfVersion { key, .. }
+            | Command::KeyNotifySince { key, .. }
             | Command::KeyNotify { key, .. } => key.len(),
             Command::MGet { keys } => keys.iter().map(|k| k.len()).sum(),
             Command::KeyNotifyPattern { pattern, .. } => pattern.len(),

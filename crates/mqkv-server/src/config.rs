@@ -44,6 +44,13 @@ pub struct StateStoreConfig {
     /// Most keys one connection may observe (KEYNOTIFY) at once; beyond it KEYNOTIFY is
     /// answered `-ERR the quota has been exceeded`.
     pub max_observed_keys: usize,
+    /// Changes the store keeps for watches that resume (`KEYNOTIFY key SINCE version`, an
+    /// extension): at most this many ...
+    pub history_changes: usize,
+    /// ... of at most this many key and value bytes ...
+    pub history_bytes: u64,
+    /// ... and none older than this many seconds.
+    pub history_seconds: u64,
     /// Most pattern watches (`KEYNOTIFY pattern PATTERN`, an extension) one connection may
     /// have at once; beyond it one is answered `-ERR the quota has been exceeded`.
     pub max_observed_patterns: usize,
@@ -66,6 +73,9 @@ impl Default for StateStoreConfig {
             scan_page_size: 100,
             max_observed_keys: 10_000,
             max_observed_patterns: 16,
+            history_changes: mqkv_store::DEFAULT_HISTORY_CHANGES,
+            history_bytes: mqkv_store::DEFAULT_HISTORY_BYTES,
+            history_seconds: mqkv_store::DEFAULT_HISTORY_MS / 1000,
             max_requests_per_second: 0,
             node_id: "mqkv".into(),
             snapshot_log_bytes: mqkv_raft::NodeOptions::default().snapshot_log_bytes,

@@ -212,10 +212,22 @@ impl Server {
             max_bytes: store.max_bytes,
             scan_page_size: store.scan_page_size,
         };
+        let history = mqkv_store::HistoryLimits {
+            max_changes: store.history_changes,
+            max_bytes: store.history_bytes,
+            max_age_ms: store.history_seconds.saturating_mul(1000),
+        };
+        let mut changes = Vec::new();
         if node.read(|m| m.limits()) != limits {
+            changes.push(mqkv_store::Op::SetLimits(limits));
+        }
+        if node.read(|m| m.history_limits()) != history {
+            changes.push(mqkv_store::Op::SetHistory(history));
+        }
+        for op in changes {
             let entry = mqkv_store::Entry {
                 now_ms: statestore::now_ms(),
-                op: mqkv_store::Op::SetLimits(limits),
+                op,
             };
             if node.is_clustered() {
                 // The group may have no quorum yet: the node serves meanwhile, and the new

@@ -8,9 +8,10 @@
 //! - at most `max_changes` changes are kept, holding at most `max_bytes` of keys and values,
 //!   none older than `max_age_ms` (by the wall clock of the entry that applied the latest
 //!   change); the limits change through the log;
-//! - `compacted_ms` is at least the wall clock of every version dropped, so a request for the
-//!   changes after a version no newer than it may have lost some and is told so, never
-//!   answered with a partial history.
+//! - `compacted_ms` is at least the wall clock of every version dropped, and of the first
+//!   entry the store ever applied, so a request for the changes after a version no newer
+//!   than it may have lost some (or comes from before this store existed) and is told so,
+//!   never answered with a partial history.
 
 use std::collections::VecDeque;
 
@@ -77,6 +78,10 @@ pub struct History {
     compacted_ms: u64,
     /// Key and value bytes of `changes`.
     bytes: u64,
+    /// Whether the store has applied an entry.
+    started: bool,
+    /// The wall clock of the first entry the store applied: nothing is known before it.
+    started_ms: u64,
 }
 
 impl History {
@@ -85,7 +90,17 @@ impl History {
     pub(crate) fn starting_at(ms: u64) -> History {
         History {
             compacted_ms: ms,
+            started: true,
             ..History::default()
+        }
+    }
+
+    /// Notes an entry applied at `now_ms`: the first one marks when the store began, before
+    /// which nothing is known.
+    pub(crate) fn entry_applied(&mut self, now_ms: u64) {
+        if !self.started {
+            self.started = true;
+            self.started_ms = now_ms;
         }
     }
 
@@ -144,7 +159,8 @@ impl History {
     /// The changes of `key` after version `after`, oldest first; [`Compacted`] when some may
     /// no longer be kept.
     pub fn since(&self, key: &[u8], after: &Hlc) -> Result<Vec<ChangeEvent>, Compacted> {
-        if after.wall_ms <= self.compacted_ms {
+        // A store that has applied nothing knows of no version: `after` is from elsewhere.
+        if !self.started || after.wall_ms <= self.compacted_ms || after.wall_ms < self.started_ms {
             return Err(Compacted);
         }
         Ok(self
@@ -180,8 +196,30 @@ mod tests {
     }
 
     #[test]
+    fn versions_from_before_the_store_began_are_compacted() {
+        let mut h = History::default();
+        assert_eq!(h.since(b"k", &Hlc::new(900, 0, "old")), Err(Compacted));
+        h.entry_applied(1_000);
+        h.record(&[set("k", "a", 1_001)], 1_001);
+        assert_eq!(h.since(b"k", &Hlc::new(900, 0, "old")), Err(Compacted));
+        assert_eq!(
+            h.since(b"k", &Hlc::new(1_000, 0, "n")).map(|c| c.len()),
+            Ok(1)
+        );
+        assert_eq!(h.since(b"k", &Hlc::new(1_001, 0, "n")), Ok(vec![]));
+        h.entry_applied(5_000);
+        h.record(&[set("k", "b", 6_000)], 6_000);
+        assert_eq!(
+            h.since(b"k", &Hlc::new(1_001, 0, "n")).map(|c| c.len()),
+            Ok(1),
+            "only the first entry marks the start"
+        );
+    }
+
+    #[test]
     fn the_changes_after_a_version_come_in_order() {
         let mut h = History::default();
+        h.entry_applied(100);
         h.record(&[set("k", "a", 100)], 100);
         h.record(&[set("other", "x", 150)], 150);
         h.record(&[set("k", "b", 200)], 200);
@@ -199,6 +237,7 @@ mod tests {
     #[test]
     fn dropped_changes_make_older_versions_compacted() {
         let mut h = History::default();
+        h.entry_applied(0);
         h.set_limits(
             HistoryLimits {
                 max_changes: 2,

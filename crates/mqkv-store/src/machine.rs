@@ -244,6 +244,7 @@ impl StateMachine {
 
     /// Applies one log entry. Reads no clock: time is `entry.now_ms`.
     pub fn apply(&mut self, entry: &Entry) -> Applied {
+        self.history.entry_applied(entry.now_ms);
         let applied = self.apply_op(entry);
         if !applied.events.is_empty() {
             self.history.record(&applied.events, entry.now_ms);
@@ -338,9 +339,9 @@ impl StateMachine {
             // Observer registrations belong to the node the observer is
             // connected to and are never replicated. Answering here would
             // claim a registration that nobody made, so refuse loudly.
-            Command::KeyNotify { .. } | Command::KeyNotifyPattern { .. } => {
-                Applied::error(ErrorKind::UnknownCommand)
-            }
+            Command::KeyNotify { .. }
+            | Command::KeyNotifyPattern { .. }
+            | Command::KeyNotifySince { .. } => Applied::error(ErrorKind::UnknownCommand),
         }
     }
 
@@ -622,7 +623,10 @@ mod tests {
             None,
         ));
         assert_eq!(applied, Applied::error(ErrorKind::UnknownCommand));
-        assert_eq!(m, machine());
+        // Nothing changed but the note of when the store began.
+        let mut fresh = machine();
+        fresh.history.entry_applied(1);
+        assert_eq!(m, fresh);
     }
 
     #[test]

@@ -414,15 +414,17 @@ mod tests {
     /// The change history survives a snapshot.
     #[test]
     fn the_change_history_is_part_of_the_snapshot() {
-        let m = populated();
-        let before = m.history_since(b"fenced", &Hlc::new(1, 0, "srv"));
+        let mut m = populated();
+        put(&mut m, 1_000, "late", "v");
+        let before = m.history_since(b"late", &Hlc::new(500, 0, "srv"));
         assert_eq!(before.as_ref().map(Vec::len), Ok(1));
         let bytes = postcard::to_allocvec(&m).unwrap();
         let restored: StateMachine = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(
-            restored.history_since(b"fenced", &Hlc::new(1, 0, "srv")),
+            restored.history_since(b"late", &Hlc::new(500, 0, "srv")),
             before
         );
+        assert_eq!(postcard::to_allocvec(&m.snapshot_copy()).unwrap(), bytes);
     }
 
     #[test]

@@ -672,6 +672,39 @@ fn watch_a_pattern() {
     assert_eq!(exact.finish().0, Some(0));
 }
 
+/// `watch KEY --since VERSION` prints the changes after the version first, then live ones.
+#[test]
+fn watch_since_a_version() {
+    let server = Server::start();
+    let out = server.run(&["set", "gate", "a"]);
+    let since = stdout(&out)
+        .trim()
+        .strip_prefix("OK ")
+        .expect("OK <version>")
+        .to_owned();
+    server.run(&["set", "gate", "b"]);
+    server.run(&["del", "gate"]);
+    let watch = server.spawn(&["watch", "gate", "--since", &since]);
+    let first = watch.next_line();
+    assert!(
+        first.contains(" SET gate ") && first.ends_with(" b"),
+        "{first:?}"
+    );
+    let second = watch.next_line();
+    assert!(second.contains(" DELETE gate "), "{second:?}");
+    server.run(&["set", "gate", "c"]);
+    let third = watch.next_line();
+    assert!(
+        third.contains(" SET gate ") && third.ends_with(" c"),
+        "{third:?}"
+    );
+    watch.signal("INT");
+    assert_eq!(watch.finish().0, Some(0));
+    // A pattern cannot resume.
+    let out = server.run(&["watch", "g*", "--since", &since]);
+    assert_eq!(out.status.code(), Some(3));
+}
+
 #[test]
 fn watch_json_lines_and_binary_values() {
     let server = Server::start();

@@ -32,6 +32,8 @@ pub fn mqkv_bin() -> PathBuf {
 pub struct Server {
     child: Child,
     pub port: u16,
+    /// The data directory of a durable server (`--storage disk`).
+    data_dir: Option<PathBuf>,
 }
 
 impl Server {
@@ -42,8 +44,22 @@ impl Server {
 
     /// `mqkv serve --listen <addr>`; waits for the `listening on` line.
     pub fn start_on(addr: &str) -> Server {
-        let mut child = Command::new(mqkv_bin())
-            .args(["serve", "--listen", addr, "--storage", "memory"])
+        Server::start_with(addr, None)
+    }
+
+    /// A server that keeps its data in `dir` (`--storage disk`), so a restart keeps it too.
+    pub fn start_durable(dir: &std::path::Path) -> Server {
+        Server::start_with("127.0.0.1:0", Some(dir.to_path_buf()))
+    }
+
+    fn start_with(addr: &str, data_dir: Option<PathBuf>) -> Server {
+        let mut command = Command::new(mqkv_bin());
+        command.args(["serve", "--listen", addr]);
+        match &data_dir {
+            Some(dir) => command.args(["--storage", "disk", "--data-dir"]).arg(dir),
+            None => command.args(["--storage", "memory"]),
+        };
+        let mut child = command
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -60,7 +76,11 @@ impl Server {
             .and_then(|a| a.rsplit(':').next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Server { child, port }
+        Server {
+            child,
+            port,
+            data_dir,
+        }
     }
 
     /// Kills the process (SIGKILL) and waits for it.
@@ -73,10 +93,11 @@ impl Server {
     pub fn restart(&mut self) {
         self.kill();
         let addr = format!("127.0.0.1:{}", self.port);
+        let data_dir = self.data_dir.clone();
         // The port was just freed; give the bind a few tries.
         let mut last = None;
         for _ in 0..50 {
-            match std::panic::catch_unwind(|| Server::start_on(&addr)) {
+            match std::panic::catch_unwind(|| Server::start_with(&addr, data_dir.clone())) {
                 Ok(server) => {
                     *self = server;
                     return;

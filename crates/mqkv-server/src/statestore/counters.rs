@@ -99,9 +99,9 @@ impl StoreCounters {
                 add(&slot.retrievals, keys.len() as u64);
                 return;
             }
-            Command::KeyNotify { .. } | Command::KeyNotifyPattern { .. } => {
-                &slot.keynotify_requests
-            }
+            Command::KeyNotify { .. }
+            | Command::KeyNotifyPattern { .. }
+            | Command::KeyNotifySince { .. } => &slot.keynotify_requests,
             Command::Scan { .. } => &slot.scans,
         };
         add(counter, 1);

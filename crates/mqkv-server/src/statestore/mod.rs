@@ -298,6 +298,13 @@ impl StateStoreService {
                 drop(observers);
                 respond(reply, &response, None)
             }
+            Command::KeyNotifySince { key, since } => {
+                let node = &self.node;
+                let response = self.notifier.resume(&p.from, key, since, || {
+                    node.read(|m| m.history_since(key, since))
+                });
+                respond(reply, &response, None)
+            }
             Command::KeyNotifyPattern { pattern, stop } => {
                 let mut observers = self.notifier.observers.lock();
                 let response = if *stop {
@@ -383,7 +390,9 @@ impl StateStoreService {
 /// and ending an observation needs no grant.
 fn authorized(command: &Command, who: &ClientIdentity) -> bool {
     match command {
-        Command::Get { key } | Command::KeyNotify { key, stop: false } => who.may_use(key, false),
+        Command::Get { key }
+        | Command::KeyNotify { key, stop: false }
+        | Command::KeyNotifySince { key, .. } => who.may_use(key, false),
         Command::MGet { keys } => keys.iter().all(|key| who.may_use(key, false)),
         Command::Set { key, .. }
         | Command::Del { key }
@@ -542,7 +551,8 @@ fn waits_for_earlier(publish: &ServicePublish) -> bool {
                 | Command::Scan { .. }
                 | Command::MGet { .. }
                 | Command::KeyNotify { .. }
-                | Command::KeyNotifyPattern { .. })
+                | Command::KeyNotifyPattern { .. }
+                | Command::KeyNotifySince { .. })
         )
 }
 

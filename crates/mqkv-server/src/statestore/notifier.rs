@@ -9,7 +9,7 @@ use mqkv_broker::access::Policy;
 use mqkv_broker::codec::{PropStr, Properties, QoS};
 use mqkv_broker::{Broker, ClientIdentity, OutboundMessage};
 use mqkv_protocol::properties as prop;
-use mqkv_protocol::{notification_topic, Command, GlobPattern};
+use mqkv_protocol::{notification_topic, Command, GlobPattern, Hlc};
 use mqkv_raft::ApplyHook;
 use mqkv_store::{Applied, ChangeEvent, Entry, Op, Request};
 use parking_lot::Mutex;
@@ -22,6 +22,10 @@ pub(super) struct Observers {
     by_connection: HashMap<u64, Observed>,
     /// Pattern watches (an extension), per connection.
     patterns: HashMap<u64, Patterns>,
+    /// For a watch that resumed (`KEYNOTIFY key SINCE version`), by connection and key: the
+    /// newest version its replay covered. A change at or below it was replayed already and is
+    /// not sent again; the first one above it ends the entry.
+    replayed: HashMap<(u64, Bytes), Hlc>,
 }
 
 /// The pattern watches of one connection.
@@ -61,6 +65,9 @@ impl Observers {
 
     /// Returns whether the key was observed by this client.
     pub(super) fn stop(&mut self, who: &ClientIdentity, key: &Bytes) -> bool {
+        if !self.replayed.is_empty() {
+            self.replayed.remove(&(who.connection_id, key.clone()));
+        }
         let Some(clients) = self.by_key.get_mut(key) else {
             return false;
         };
@@ -146,6 +153,9 @@ impl Observers {
     /// Drops every registration made on a connection that has closed.
     pub(super) fn connection_closed(&mut self, connection_id: u64) {
         self.patterns.remove(&connection_id);
+        if !self.replayed.is_empty() {
+            self.replayed.retain(|(conn, _), _| *conn != connection_id);
+        }
         let Some(observed) = self.by_connection.remove(&connection_id) else {
             return;
         };
@@ -159,14 +169,31 @@ impl Observers {
         }
     }
 
-    /// The clients to notify of a change of `key`: its observers, and the clients with a
-    /// pattern watch matching it that may read it (each client once).
-    fn observers_of(&self, key: &[u8]) -> Vec<Arc<str>> {
-        let mut clients: Vec<Arc<str>> = self
-            .by_key
-            .get(key)
-            .map(|m| m.keys().cloned().collect())
-            .unwrap_or_default();
+    /// The clients to notify of the change of `key` to `version`: its observers (but those
+    /// whose resumed watch replayed it already), and the clients with a pattern watch
+    /// matching it that may read it (each client once).
+    fn observers_of(&mut self, key: &Bytes, version: &Hlc) -> Vec<Arc<str>> {
+        let mut clients: Vec<Arc<str>> = match self.by_key.get(&key[..]) {
+            None => Vec::new(),
+            Some(m) if self.replayed.is_empty() => m.keys().cloned().collect(),
+            Some(m) => {
+                let replayed = &mut self.replayed;
+                m.iter()
+                    .filter(|(_, conn)| {
+                        let entry = (**conn, key.clone());
+                        match replayed.get(&entry) {
+                            Some(upto) if version <= upto => false,
+                            Some(_) => {
+                                replayed.remove(&entry);
+                                true
+                            }
+                            None => true,
+                        }
+                    })
+                    .map(|(client, _)| client.clone())
+                    .collect()
+            }
+        };
         for watches in self.patterns.values() {
             let who = &watches.who;
             if watches.globs.iter().any(|(_, glob)| glob.matches(key))
@@ -263,43 +290,89 @@ impl Notifier {
     /// Sends every change's notification to every observer of the key.
     fn notify(&self, applied: &Applied) {
         for event in &applied.events {
-            let observers = self.observers.lock().observers_of(&event.key);
+            let observers = self
+                .observers
+                .lock()
+                .observers_of(&event.key, &event.version);
             if observers.is_empty() {
                 continue;
             }
             let payload = event.notification().encode();
             for client in observers {
-                if let Some(sink) = self.local.lock().get(&client) {
-                    if sink.try_send(event.clone()).is_ok() {
-                        mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
-                    }
-                    continue;
-                }
-                let msg = OutboundMessage {
-                    topic: notification_topic(client.as_bytes(), &event.key),
-                    payload: payload.clone(),
-                    qos: QoS::AtLeastOnce,
-                    retain: false,
-                    properties: Properties {
-                        content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
-                        user_properties: vec![
-                            (
-                                PropStr::Borrowed(prop::TIMESTAMP),
-                                PropStr::Owned(event.version.to_text()),
-                            ),
-                            (
-                                PropStr::Borrowed(prop::PROTOCOL_VERSION),
-                                PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
-                            ),
-                        ],
-                        ..Default::default()
-                    },
-                };
-                if self.broker.deliver(&client, msg) {
-                    mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
-                }
+                self.send(&client, event, payload.clone());
             }
         }
+    }
+
+    /// Sends one change's notification (its encoded `payload`) to `client`.
+    fn send(&self, client: &Arc<str>, event: &ChangeEvent, payload: Bytes) {
+        if let Some(sink) = self.local.lock().get(client) {
+            if sink.try_send(event.clone()).is_ok() {
+                mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
+            }
+            return;
+        }
+        let msg = OutboundMessage {
+            topic: notification_topic(client.as_bytes(), &event.key),
+            payload,
+            qos: QoS::AtLeastOnce,
+            retain: false,
+            properties: Properties {
+                content_type: Some(PropStr::Borrowed(prop::CONTENT_TYPE)),
+                user_properties: vec![
+                    (
+                        PropStr::Borrowed(prop::TIMESTAMP),
+                        PropStr::Owned(event.version.to_text()),
+                    ),
+                    (
+                        PropStr::Borrowed(prop::PROTOCOL_VERSION),
+                        PropStr::Borrowed(prop::PROTOCOL_VERSION_VALUE),
+                    ),
+                ],
+                ..Default::default()
+            },
+        };
+        if self.broker.deliver(client, msg) {
+            mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
+        }
+    }
+
+    /// `KEYNOTIFY key SINCE version`: observes `key` as `who` and first sends, in order, every
+    /// change after `since` that `history` (the store's) still holds. Changes applied while
+    /// this runs are neither lost nor sent twice: the observers stay locked from the
+    /// registration to the last replayed change, and a live change at or below the last
+    /// replayed version is skipped.
+    pub(super) fn resume(
+        &self,
+        who: &ClientIdentity,
+        key: &Bytes,
+        since: &Hlc,
+        history: impl FnOnce() -> Result<Vec<ChangeEvent>, mqkv_store::Compacted>,
+    ) -> mqkv_protocol::Response {
+        use mqkv_protocol::{ErrorKind, Response};
+        if !mqkv_protocol::topic::observable(who.client_id.as_bytes(), key) {
+            return Response::Error(ErrorKind::KeyTooLongToObserve);
+        }
+        let mut observers = self.observers.lock();
+        let Ok(replay) = history() else {
+            return Response::Error(ErrorKind::HistoryCompacted);
+        };
+        if !observers.start(who, key, self.max_observed) {
+            return Response::Error(ErrorKind::QuotaExceeded);
+        }
+        let upto = replay
+            .last()
+            .map_or(since, |e| &e.version)
+            .max(since)
+            .clone();
+        observers
+            .replayed
+            .insert((who.connection_id, key.clone()), upto);
+        for event in &replay {
+            self.send(&who.client_id, event, event.notification().encode());
+        }
+        drop(observers);
+        Response::Ok
     }
 }
 

@@ -12,7 +12,7 @@ use super::output::{self, OutputArgs};
 use super::value::{key_bytes, ValueArgs};
 use super::{EXIT_NOT_APPLIED, EXIT_NOT_FOUND, EXIT_OK};
 
-fn parse_hlc(text: &str) -> Result<Hlc, String> {
+pub(super) fn parse_hlc(text: &str) -> Result<Hlc, String> {
     Hlc::parse(text).map_err(|e| format!("not an HLC like 001700000000000:00000:node ({e})"))
 }
 

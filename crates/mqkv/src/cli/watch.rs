@@ -10,11 +10,12 @@
 use std::ffi::OsString;
 
 use clap::Args;
-use mqkv_client::{ConnectionStatus, KeyNotification, Operation};
+use mqkv_client::{ConnectionStatus, Hlc, KeyNotification, Operation};
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::conn::ConnectionArgs;
+use super::kv::parse_hlc;
 use super::output::{self, OutputArgs};
 use super::signal::Signals;
 use super::value::key_bytes;
@@ -29,6 +30,10 @@ pub struct WatchArgs {
     /// Take every argument as a key, even one with glob metacharacters.
     #[arg(long)]
     pub exact: bool,
+    /// First print every change of the keys after this version (one printed before, say),
+    /// then go on live: nothing missed, nothing twice (an mqkv extension; keys only).
+    #[arg(long, value_name = "VERSION", value_parser = parse_hlc)]
+    pub since: Option<Hlc>,
     #[command(flatten)]
     pub output: OutputArgs,
     #[command(flatten)]
@@ -44,11 +49,12 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<i32> {
     for key in &args.keys {
         let key = key_bytes(key);
         let tx = tx.clone();
-        let changes: Changes = if !args.exact && key.iter().any(|b| matches!(b, b'*' | b'?' | b'['))
-        {
-            Box::pin(client.observe_pattern(key).await?)
-        } else {
-            Box::pin(client.observe(key).await?)
+        let pattern = !args.exact && key.iter().any(|b| matches!(b, b'*' | b'?' | b'['));
+        let changes: Changes = match (&args.since, pattern) {
+            (Some(_), true) => anyhow::bail!("--since applies to keys, not to patterns"),
+            (Some(since), false) => Box::pin(client.observe_since(key, since.clone()).await?),
+            (None, true) => Box::pin(client.observe_pattern(key).await?),
+            (None, false) => Box::pin(client.observe(key).await?),
         };
         forwarders.push(tokio::spawn(forward(changes, tx)));
     }
