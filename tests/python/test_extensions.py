@@ -246,3 +246,25 @@ def test_a_resumable_watch_survives_a_restart(mqkv, tmp_path):
     watcher = StoreClient(Paho(server, "r"), "r")
     assert watcher.request("KEYNOTIFY", "k", "SINCE", v1) == b"+OK\r\n"
     assert [dict(m.properties.UserProperty)["__ts"] for m in watcher.others] == [v2]
+
+
+def test_a_pattern_watch_resumes_since_a_version(server):
+    writer = StoreClient(Paho(server, "pw"), "pw")
+    assert writer.set("sensors/a", "1") == b"+OK\r\n"
+    since = version(writer)
+    assert writer.set("sensors/b", "2") == b"+OK\r\n"
+    vb = version(writer)
+    assert writer.set("elsewhere", "x") == b"+OK\r\n"
+    assert writer.request("DEL", "sensors/a") == b":1\r\n"
+    va = version(writer)
+    watcher = StoreClient(Paho(server, "pr"), "pr")
+    assert watcher.request("KEYNOTIFY", "sensors/*", "PATTERN", "SINCE", since) == b"+OK\r\n"
+    replayed = [(m.topic.rsplit("/", 1)[1], dict(m.properties.UserProperty)["__ts"])
+                for m in watcher.others]
+    watcher.others = []
+    assert replayed == [(b"sensors/b".hex().upper(), vb), (b"sensors/a".hex().upper(), va)]
+    # Live afterwards, once per change.
+    assert writer.set("sensors/c", "3") == b"+OK\r\n"
+    assert [k for k, _ in notifications(watcher)] == [b"sensors/c"]
+    assert watcher.request("KEYNOTIFY", "x*", "PATTERN", "SINCE", "then") == \
+        b"-ERR syntax error\r\n"

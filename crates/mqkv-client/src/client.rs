@@ -631,7 +631,19 @@ impl Client {
         pattern: impl Into<Bytes>,
     ) -> Result<crate::PatternObservation> {
         let pattern = non_empty(pattern.into(), "pattern")?;
-        crate::pattern::observe(self, pattern).await
+        crate::pattern::observe(self, pattern, None).await
+    }
+
+    /// [`Client::observe_pattern`] that first receives every change after `since` of the keys
+    /// the pattern matches, in order (`KEYNOTIFY pattern PATTERN SINCE version`). Fails with
+    /// [`crate::ErrorKind::HistoryCompacted`] when the server no longer keeps them all.
+    pub async fn observe_pattern_since(
+        &self,
+        pattern: impl Into<Bytes>,
+        since: Hlc,
+    ) -> Result<crate::PatternObservation> {
+        let pattern = non_empty(pattern.into(), "pattern")?;
+        crate::pattern::observe(self, pattern, Some(since)).await
     }
 
     /// `KEYNOTIFY ... STOP`: ends an observation (the same as

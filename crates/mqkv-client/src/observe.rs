@@ -578,7 +578,12 @@ async fn resync(shared: &Arc<Shared>) -> Result<()> {
     let keys = lock(shared).observed_keys();
     let patterns = lock(shared).patterns.patterns();
     let timeout = shared.default_timeout;
-    for pattern in patterns {
+    for (pattern, newest) in patterns {
+        if let Some(since) = newest {
+            if crate::pattern::resume(shared, &pattern, &since, timeout).await? {
+                continue;
+            }
+        }
         crate::pattern::request(shared, &pattern, false, timeout).await?;
     }
     for (key, seen) in keys {

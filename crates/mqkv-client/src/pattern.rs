@@ -4,9 +4,9 @@
 //! Invariants:
 //! - The server holds at most one registration per pattern for this client, however many
 //!   [`PatternObservation`]s of it exist locally; the first makes it, the last withdraws it.
-//! - After a reconnection every pattern is registered again. Changes made while the client
-//!   was away are not reported for pattern watches (an exact [`crate::Observation`] reports
-//!   them).
+//! - After a reconnection every pattern is registered again, with `SINCE` the newest version
+//!   it reported, so the changes made while the client was away arrive first. If the server
+//!   no longer keeps them, the pattern is registered afresh and those changes go unreported.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use mqkv_protocol::{Command, GlobPattern, Response};
+use mqkv_protocol::{Command, GlobPattern, Hlc, Response};
 use tokio::sync::mpsc;
 
 use crate::client::Client;
@@ -26,6 +26,8 @@ use crate::observe::KeyNotification;
 struct Watched {
     glob: GlobPattern,
     subscribers: HashMap<u64, mpsc::UnboundedSender<KeyNotification>>,
+    /// The newest version reported.
+    newest: Option<Hlc>,
 }
 
 /// Local pattern watches, part of the observation registry.
@@ -48,6 +50,7 @@ impl Patterns {
             .or_insert_with(|| Watched {
                 glob: GlobPattern::new(pattern),
                 subscribers: HashMap::new(),
+                newest: None,
             });
         let first = watched.subscribers.is_empty();
         watched.subscribers.insert(id, tx);
@@ -73,14 +76,21 @@ impl Patterns {
         self.by_pattern.contains_key(pattern)
     }
 
-    pub(crate) fn patterns(&self) -> Vec<Bytes> {
-        self.by_pattern.keys().cloned().collect()
+    /// Every pattern watched, with the newest version it reported.
+    pub(crate) fn patterns(&self) -> Vec<(Bytes, Option<Hlc>)> {
+        self.by_pattern
+            .iter()
+            .map(|(pattern, watched)| (pattern.clone(), watched.newest.clone()))
+            .collect()
     }
 
     /// Hands a change to every subscriber of a pattern that matches its key.
-    pub(crate) fn deliver(&self, change: &KeyNotification) {
-        for watched in self.by_pattern.values() {
+    pub(crate) fn deliver(&mut self, change: &KeyNotification) {
+        for watched in self.by_pattern.values_mut() {
             if watched.glob.matches(&change.key) {
+                if watched.newest.as_ref().is_none_or(|n| *n < change.version) {
+                    watched.newest = Some(change.version.clone());
+                }
                 for tx in watched.subscribers.values() {
                     let _ = tx.send(change.clone());
                 }
@@ -197,6 +207,31 @@ impl Drop for PatternObservation {
     }
 }
 
+/// `KEYNOTIFY pattern PATTERN SINCE version`: the server sends the changes after `since` of
+/// the keys the pattern matches before it answers. False when it no longer keeps them all.
+pub(crate) async fn resume(
+    shared: &Shared,
+    pattern: &Bytes,
+    since: &Hlc,
+    timeout: Duration,
+) -> Result<bool> {
+    let command = Command::KeyNotifyPatternSince {
+        pattern: pattern.clone(),
+        since: since.clone(),
+    };
+    match shared.call(&command, None, timeout).await {
+        Ok(answer) if answer.response == Response::Ok => Ok(true),
+        Ok(answer) => Err(Error::protocol(
+            "KEYNOTIFY",
+            format!("unexpected answer {:?}", answer.response),
+        )),
+        Err(Error::Server(crate::ServerError::Known(
+            mqkv_protocol::ErrorKind::HistoryCompacted,
+        ))) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// `KEYNOTIFY pattern PATTERN [STOP]`.
 pub(crate) async fn request(
     shared: &Shared,
@@ -219,8 +254,13 @@ pub(crate) async fn request(
     }
 }
 
-/// Opens a pattern watch (see [`Client::observe_pattern`]).
-pub(crate) async fn observe(client: &Client, pattern: Bytes) -> Result<PatternObservation> {
+/// Opens a pattern watch (see [`Client::observe_pattern`]), first receiving the changes after
+/// `since` when it is given ([`Client::observe_pattern_since`]).
+pub(crate) async fn observe(
+    client: &Client,
+    pattern: Bytes,
+    since: Option<Hlc>,
+) -> Result<PatternObservation> {
     let shared = client.shared();
     let _guard = shared.observe_lock.lock().await;
     let (tx, rx) = mpsc::unbounded_channel();
@@ -232,13 +272,22 @@ pub(crate) async fn observe(client: &Client, pattern: Bytes) -> Result<PatternOb
         let id = registry.next_id();
         (id, registry.patterns.add(&pattern, id, tx))
     };
-    if first {
-        if let Err(e) = request(shared, &pattern, false, client.timeout()).await {
-            crate::observe::registry(shared)
-                .patterns
-                .remove(&pattern, id);
-            return Err(e);
-        }
+    let registered = match (&since, first) {
+        (Some(since), _) => match resume(shared, &pattern, since, client.timeout()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::Server(crate::ServerError::Known(
+                mqkv_protocol::ErrorKind::HistoryCompacted,
+            ))),
+            Err(e) => Err(e),
+        },
+        (None, true) => request(shared, &pattern, false, client.timeout()).await,
+        (None, false) => Ok(()),
+    };
+    if let Err(e) = registered {
+        crate::observe::registry(shared)
+            .patterns
+            .remove(&pattern, id);
+        return Err(e);
     }
     Ok(PatternObservation {
         pattern,
@@ -281,6 +330,6 @@ mod tests {
         );
         assert!(!p.remove(&sensors, 1));
         assert!(p.remove(&sensors, 3), "the last one");
-        assert_eq!(p.patterns(), vec![Bytes::from_static(b"doors/*")]);
+        assert_eq!(p.patterns(), vec![(Bytes::from_static(b"doors/*"), None)]);
     }
 }

@@ -244,6 +244,34 @@ async fn changes_made_while_away_arrive_as_they_happened() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `observe_pattern_since`: the changes after a version of every matching key, then live.
+#[tokio::test]
+async fn a_pattern_watch_can_start_from_a_version() {
+    let server = Server::start();
+    let client = server.client("obs-pattern-since").await;
+    let first = client.set("room/1", "a").await.unwrap();
+    let since = first.version().expect("applied").clone();
+    client.set("room/2", "b").await.unwrap();
+    client.set("hall", "x").await.unwrap();
+    client.del("room/1").await.unwrap();
+    let mut rooms = client.observe_pattern_since("room/*", since).await.unwrap();
+    let a = rooms.recv_timeout(WAIT).await.unwrap().expect("replayed");
+    assert_eq!((&a.key[..], &a.operation), (&b"room/2"[..], &set_of("b")));
+    let b = rooms.recv_timeout(WAIT).await.unwrap().expect("replayed");
+    assert_eq!(
+        (&b.key[..], &b.operation),
+        (&b"room/1"[..], &Operation::Delete)
+    );
+    client.set("room/3", "c").await.unwrap();
+    let c = rooms.recv_timeout(WAIT).await.unwrap().expect("live");
+    assert_eq!(&c.key[..], b"room/3");
+    assert!(rooms
+        .recv_timeout(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+}
+
 /// `observe_since`: the changes after a version, then the live ones.
 #[tokio::test]
 async fn an_observation_can_start_from_a_version() {

@@ -66,6 +66,9 @@ pub enum Command {
     /// `KEYNOTIFY key SINCE version` (an extension): observe `key`, first receiving every
     /// change after `since` that happened meanwhile.
     KeyNotifySince { key: Bytes, since: Hlc },
+    /// `KEYNOTIFY pattern PATTERN SINCE version` (an extension): a pattern watch that first
+    /// receives every change after `since` of the keys it matches.
+    KeyNotifyPatternSince { pattern: Bytes, since: Hlc },
 }
 
 impl Command {
@@ -80,7 +83,9 @@ impl Command {
             Command::Scan { .. } => "SCAN",
             Command::DelIfVersion { .. } => "DEL",
             Command::MGet { .. } => "MGET",
-            Command::KeyNotifyPattern { .. } | Command::KeyNotifySince { .. } => "KEYNOTIFY",
+            Command::KeyNotifyPattern { .. }
+            | Command::KeyNotifySince { .. }
+            | Command::KeyNotifyPatternSince { .. } => "KEYNOTIFY",
         }
     }
 
@@ -95,7 +100,9 @@ impl Command {
             | Command::DelIfVersion { key, .. }
             | Command::KeyNotifySince { key, .. }
             | Command::KeyNotify { key, .. } => key,
-            Command::Scan { pattern, .. } | Command::KeyNotifyPattern { pattern, .. } => pattern,
+            Command::Scan { pattern, .. }
+            | Command::KeyNotifyPattern { pattern, .. }
+            | Command::KeyNotifyPatternSince { pattern, .. } => pattern,
             Command::MGet { keys } => keys.first().unwrap_or(&NONE),
         }
     }
@@ -177,7 +184,8 @@ impl Command {
                 ..
             }
             | Command::DelIfVersion { version: v, .. }
-            | Command::KeyNotifySince { since: v, .. } => Some(v.to_text()),
+            | Command::KeyNotifySince { since: v, .. }
+            | Command::KeyNotifyPatternSince { since: v, .. } => Some(v.to_text()),
             _ => None,
         };
         let mut args = Args::default();
@@ -255,6 +263,13 @@ impl Command {
             Command::KeyNotifySince { key, .. } => {
                 args.push(b"KEYNOTIFY");
                 args.push(key);
+                args.push(b"SINCE");
+                args.push(version.as_deref().unwrap_or_default().as_bytes());
+            }
+            Command::KeyNotifyPatternSince { pattern, .. } => {
+                args.push(b"KEYNOTIFY");
+                args.push(pattern);
+                args.push(b"PATTERN");
                 args.push(b"SINCE");
                 args.push(version.as_deref().unwrap_or_default().as_bytes());
             }
@@ -423,41 +438,41 @@ fn parse_vdel(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKin
     }
 }
 
-/// `KEYNOTIFY key [STOP]`, or (extensions) `KEYNOTIFY pattern PATTERN [STOP]` and
-/// `KEYNOTIFY key SINCE version`.
-fn parse_keynotify(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
-    let (key, option, last, more) = (args.next(), args.next(), args.next(), args.next());
-    if let (Some(key), Some(option), Some(version), None) = (&key, &option, &last, &more) {
-        if option.eq_ignore_ascii_case(b"SINCE") {
-            return Ok(Command::KeyNotifySince {
-                key: non_empty(key.clone())?,
-                since: parse_version(version)?,
-            });
-        }
-    }
-    if let (Some(pattern), Some(option), None) = (&key, &option, &more) {
-        if option.eq_ignore_ascii_case(b"PATTERN") {
-            let stop = match last {
+/// `KEYNOTIFY key [STOP]`, or (extensions) `KEYNOTIFY pattern PATTERN [STOP]`,
+/// `KEYNOTIFY key SINCE version` and `KEYNOTIFY pattern PATTERN SINCE version`.
+fn parse_keynotify(args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
+    // At most five: anything longer is the wrong number of arguments whatever it says.
+    let args: Vec<Bytes> = args.take(5).collect();
+    let is = |i: usize, word: &[u8]| args.get(i).is_some_and(|a| a.eq_ignore_ascii_case(word));
+    match args.len() {
+        3 if is(1, b"SINCE") => Ok(Command::KeyNotifySince {
+            key: non_empty(args[0].clone())?,
+            since: parse_version(&args[2])?,
+        }),
+        4 if is(1, b"PATTERN") && is(2, b"SINCE") => Ok(Command::KeyNotifyPatternSince {
+            pattern: non_empty(args[0].clone())?,
+            since: parse_version(&args[3])?,
+        }),
+        2 | 3 if is(1, b"PATTERN") => {
+            let pattern = non_empty(args[0].clone())?;
+            let stop = match args.get(2) {
                 None => false,
                 Some(last) if last.eq_ignore_ascii_case(b"STOP") => true,
                 Some(_) => return Err(ErrorKind::SyntaxError),
             };
-            return Ok(Command::KeyNotifyPattern {
-                pattern: non_empty(pattern.clone())?,
-                stop,
-            });
+            Ok(Command::KeyNotifyPattern { pattern, stop })
         }
+        1 | 2 => {
+            let key = non_empty(args[0].clone())?;
+            let stop = match args.get(1) {
+                None => false,
+                Some(option) if option.eq_ignore_ascii_case(b"STOP") => true,
+                Some(_) => return Err(ErrorKind::SyntaxError),
+            };
+            Ok(Command::KeyNotify { key, stop })
+        }
+        _ => Err(ErrorKind::WrongNumberOfArguments),
     }
-    let (Some(key), None) = (key, last) else {
-        return Err(ErrorKind::WrongNumberOfArguments);
-    };
-    let key = non_empty(key)?;
-    let stop = match option {
-        None => false,
-        Some(option) if option.eq_ignore_ascii_case(b"STOP") => true,
-        Some(_) => return Err(ErrorKind::SyntaxError),
-    };
-    Ok(Command::KeyNotify { key, stop })
 }
 
 fn parse_scan(mut args: impl Iterator<Item = Bytes>) -> Result<Command, ErrorKind> {
@@ -981,6 +996,8 @@ pub(crate) mod tests {
                 .prop_map(|(pattern, stop)| Command::KeyNotifyPattern { pattern, stop }),
             (arb_bytes(1), arb_version())
                 .prop_map(|(key, since)| Command::KeyNotifySince { key, since }),
+            (arb_bytes(1), arb_version())
+                .prop_map(|(pattern, since)| Command::KeyNotifyPatternSince { pattern, since }),
         ]
     }
 
@@ -1144,6 +1161,19 @@ pub(crate) mod tests {
         assert_eq!(
             e(&[b"KEYNOTIFY", b"k", b"SINCE", b"then"]),
             Some(ErrorKind::SyntaxError)
+        );
+        assert_eq!(
+            parse_request(&req(&[
+                b"KEYNOTIFY",
+                b"s/*",
+                b"PATTERN",
+                b"SINCE",
+                v.as_bytes()
+            ])),
+            Ok(Command::KeyNotifyPatternSince {
+                pattern: b(b"s/*"),
+                since: Hlc::new(1_700_000_000_000, 2, "node-1"),
+            })
         );
         // AIO's forms answer as they always did.
         assert_eq!(

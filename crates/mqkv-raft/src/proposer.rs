@@ -351,7 +351,8 @@ fn approximate_size(entry: &Entry) -> usize {
             | Command::KeyNotifySince { key, .. }
             | Command::KeyNotify { key, .. } => key.len(),
             Command::MGet { keys } => keys.iter().map(|k| k.len()).sum(),
-            Command::KeyNotifyPattern { pattern, .. } => pattern.len(),
+            Command::KeyNotifyPattern { pattern, .. }
+            | Command::KeyNotifyPatternSince { pattern, .. } => pattern.len(),
             Command::Scan { pattern, token } => {
                 pattern.len() + token.as_ref().map_or(0, |t| t.len())
             }

@@ -159,6 +159,15 @@ impl History {
     /// The changes of `key` after version `after`, oldest first; [`Compacted`] when some may
     /// no longer be kept.
     pub fn since(&self, key: &[u8], after: &Hlc) -> Result<Vec<ChangeEvent>, Compacted> {
+        self.since_where(after, |k| k == key)
+    }
+
+    /// The changes after version `after` of the keys `wanted` picks, oldest first.
+    pub fn since_where(
+        &self,
+        after: &Hlc,
+        wanted: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<ChangeEvent>, Compacted> {
         // A store that has applied nothing knows of no version: `after` is from elsewhere.
         if !self.started || after.wall_ms <= self.compacted_ms || after.wall_ms < self.started_ms {
             return Err(Compacted);
@@ -166,7 +175,7 @@ impl History {
         Ok(self
             .changes
             .iter()
-            .filter(|c| &c.key[..] == key && c.version > *after)
+            .filter(|c| c.version > *after && wanted(&c.key))
             .map(|c| ChangeEvent {
                 key: c.key.clone(),
                 kind: match &c.value {

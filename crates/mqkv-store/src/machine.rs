@@ -262,6 +262,16 @@ impl StateMachine {
         self.history.since(key, after)
     }
 
+    /// The changes after version `after` of the keys `wanted` picks (a pattern watch that
+    /// resumes), oldest first.
+    pub fn history_since_where(
+        &self,
+        after: &Hlc,
+        wanted: impl Fn(&[u8]) -> bool,
+    ) -> Result<Vec<crate::ChangeEvent>, crate::Compacted> {
+        self.history.since_where(after, wanted)
+    }
+
     /// How much change history is kept.
     pub fn history_limits(&self) -> crate::HistoryLimits {
         self.history.limits()
@@ -341,7 +351,8 @@ impl StateMachine {
             // claim a registration that nobody made, so refuse loudly.
             Command::KeyNotify { .. }
             | Command::KeyNotifyPattern { .. }
-            | Command::KeyNotifySince { .. } => Applied::error(ErrorKind::UnknownCommand),
+            | Command::KeyNotifySince { .. }
+            | Command::KeyNotifyPatternSince { .. } => Applied::error(ErrorKind::UnknownCommand),
         }
     }
 

@@ -700,9 +700,14 @@ fn watch_since_a_version() {
     );
     watch.signal("INT");
     assert_eq!(watch.finish().0, Some(0));
-    // A pattern cannot resume.
-    let out = server.run(&["watch", "g*", "--since", &since]);
-    assert_eq!(out.status.code(), Some(3));
+    // A pattern resumes too.
+    let watch = server.spawn(&["watch", "ga*", "--since", &since]);
+    let lines = [watch.next_line(), watch.next_line(), watch.next_line()];
+    assert!(lines[0].ends_with(" b"), "{lines:?}");
+    assert!(lines[1].contains(" DELETE gate "), "{lines:?}");
+    assert!(lines[2].ends_with(" c"), "{lines:?}");
+    watch.signal("INT");
+    assert_eq!(watch.finish().0, Some(0));
 }
 
 #[test]

@@ -101,7 +101,8 @@ impl StoreCounters {
             }
             Command::KeyNotify { .. }
             | Command::KeyNotifyPattern { .. }
-            | Command::KeyNotifySince { .. } => &slot.keynotify_requests,
+            | Command::KeyNotifySince { .. }
+            | Command::KeyNotifyPatternSince { .. } => &slot.keynotify_requests,
             Command::Scan { .. } => &slot.scans,
         };
         add(counter, 1);

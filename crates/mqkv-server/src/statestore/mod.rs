@@ -305,6 +305,19 @@ impl StateStoreService {
                 });
                 respond(reply, &response, None)
             }
+            Command::KeyNotifyPatternSince { pattern, since } => {
+                let node = &self.node;
+                let who = &p.from;
+                let glob = mqkv_protocol::GlobPattern::new(pattern);
+                let response = self.notifier.resume_pattern(who, pattern, since, || {
+                    node.read(|m| {
+                        m.history_since_where(since, |key| {
+                            glob.matches(key) && who.may_use(key, false)
+                        })
+                    })
+                });
+                respond(reply, &response, None)
+            }
             Command::KeyNotifyPattern { pattern, stop } => {
                 let mut observers = self.notifier.observers.lock();
                 let response = if *stop {
@@ -401,7 +414,8 @@ fn authorized(command: &Command, who: &ClientIdentity) -> bool {
         // A pattern watch, like SCAN, notifies only the keys the client may read.
         Command::KeyNotify { stop: true, .. }
         | Command::Scan { .. }
-        | Command::KeyNotifyPattern { .. } => true,
+        | Command::KeyNotifyPattern { .. }
+        | Command::KeyNotifyPatternSince { .. } => true,
     }
 }
 
@@ -552,7 +566,8 @@ fn waits_for_earlier(publish: &ServicePublish) -> bool {
                 | Command::MGet { .. }
                 | Command::KeyNotify { .. }
                 | Command::KeyNotifyPattern { .. }
-                | Command::KeyNotifySince { .. })
+                | Command::KeyNotifySince { .. }
+                | Command::KeyNotifyPatternSince { .. })
         )
 }
 

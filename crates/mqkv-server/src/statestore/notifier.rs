@@ -31,7 +31,9 @@ pub(super) struct Observers {
 /// The pattern watches of one connection.
 struct Patterns {
     who: ClientIdentity,
-    globs: Vec<(Bytes, GlobPattern)>,
+    /// Each pattern, compiled, with the version a resumed watch started after: changes at or
+    /// below it are not the watch's.
+    globs: Vec<(Bytes, GlobPattern, Option<Hlc>)>,
 }
 
 /// What one connection observes.
@@ -94,6 +96,18 @@ impl Observers {
         pattern: &Bytes,
         max: usize,
     ) -> bool {
+        self.start_pattern_after(who, pattern, None, max)
+    }
+
+    /// [`Observers::start_pattern`] for a watch that resumes after version `after` (which
+    /// replaces the one a watch of the same pattern had).
+    fn start_pattern_after(
+        &mut self,
+        who: &ClientIdentity,
+        pattern: &Bytes,
+        after: Option<Hlc>,
+        max: usize,
+    ) -> bool {
         let watches = self
             .patterns
             .entry(who.connection_id)
@@ -101,7 +115,8 @@ impl Observers {
                 who: who.clone(),
                 globs: Vec::new(),
             });
-        if watches.globs.iter().any(|(p, _)| p == pattern) {
+        if let Some(watch) = watches.globs.iter_mut().find(|(p, _, _)| p == pattern) {
+            watch.2 = after;
             return true;
         }
         if watches.globs.len() >= max {
@@ -109,7 +124,7 @@ impl Observers {
         }
         watches
             .globs
-            .push((pattern.clone(), GlobPattern::new(pattern)));
+            .push((pattern.clone(), GlobPattern::new(pattern), after));
         true
     }
 
@@ -119,7 +134,7 @@ impl Observers {
             return false;
         };
         let before = watches.globs.len();
-        watches.globs.retain(|(p, _)| p != pattern);
+        watches.globs.retain(|(p, _, _)| p != pattern);
         let stopped = watches.globs.len() < before;
         if watches.globs.is_empty() {
             self.patterns.remove(&who.connection_id);
@@ -179,32 +194,48 @@ impl Observers {
             Some(m) => {
                 let replayed = &mut self.replayed;
                 m.iter()
-                    .filter(|(_, conn)| {
-                        let entry = (**conn, key.clone());
-                        match replayed.get(&entry) {
-                            Some(upto) if version <= upto => false,
-                            Some(_) => {
-                                replayed.remove(&entry);
-                                true
-                            }
-                            None => true,
-                        }
-                    })
+                    .filter(|(_, conn)| !already_replayed(replayed, **conn, key, version))
                     .map(|(client, _)| client.clone())
                     .collect()
             }
         };
-        for watches in self.patterns.values() {
+        for (conn, watches) in &self.patterns {
             let who = &watches.who;
-            if watches.globs.iter().any(|(_, glob)| glob.matches(key))
+            let wanted = watches.globs.iter().any(|(_, glob, after)| {
+                glob.matches(key) && after.as_ref().is_none_or(|after| version > after)
+            });
+            if wanted
                 && who.may_use(key, false)
                 && mqkv_protocol::topic::observable(who.client_id.as_bytes(), key)
                 && !clients.contains(&who.client_id)
+                && !already_replayed(&mut self.replayed, *conn, key, version)
             {
                 clients.push(who.client_id.clone());
             }
         }
         clients
+    }
+}
+
+/// Whether the change of `key` to `version` was replayed already to connection `conn` by a
+/// watch that resumed; the first change past what was replayed ends the record of it.
+fn already_replayed(
+    replayed: &mut HashMap<(u64, Bytes), Hlc>,
+    conn: u64,
+    key: &Bytes,
+    version: &Hlc,
+) -> bool {
+    if replayed.is_empty() {
+        return false;
+    }
+    let entry = (conn, key.clone());
+    match replayed.get(&entry) {
+        Some(upto) if version <= upto => true,
+        Some(_) => {
+            replayed.remove(&entry);
+            false
+        }
+        None => false,
     }
 }
 
@@ -335,6 +366,39 @@ impl Notifier {
         if self.broker.deliver(client, msg) {
             mqkv_broker::stats::add(&self.counters.here().notifications_sent, 1);
         }
+    }
+
+    /// `KEYNOTIFY pattern PATTERN SINCE version`: a pattern watch of `who` that first sends,
+    /// in order, every change after `since` of the keys it matches that `history` (the
+    /// store's, already filtered by the pattern and the client's grants) still holds. As in
+    /// [`Notifier::resume`], nothing is lost or sent twice at the seam.
+    pub(super) fn resume_pattern(
+        &self,
+        who: &ClientIdentity,
+        pattern: &Bytes,
+        since: &Hlc,
+        history: impl FnOnce() -> Result<Vec<ChangeEvent>, mqkv_store::Compacted>,
+    ) -> mqkv_protocol::Response {
+        use mqkv_protocol::{ErrorKind, Response};
+        let mut observers = self.observers.lock();
+        let Ok(replay) = history() else {
+            return Response::Error(ErrorKind::HistoryCompacted);
+        };
+        if !observers.start_pattern_after(who, pattern, Some(since.clone()), self.max_patterns) {
+            return Response::Error(ErrorKind::QuotaExceeded);
+        }
+        for event in &replay {
+            if !mqkv_protocol::topic::observable(who.client_id.as_bytes(), &event.key) {
+                continue;
+            }
+            observers.replayed.insert(
+                (who.connection_id, event.key.clone()),
+                event.version.clone(),
+            );
+            self.send(&who.client_id, event, event.notification().encode());
+        }
+        drop(observers);
+        Response::Ok
     }
 
     /// `KEYNOTIFY key SINCE version`: observes `key` as `who` and first sends, in order, every

@@ -30,8 +30,9 @@ pub struct WatchArgs {
     /// Take every argument as a key, even one with glob metacharacters.
     #[arg(long)]
     pub exact: bool,
-    /// First print every change of the keys after this version (one printed before, say),
-    /// then go on live: nothing missed, nothing twice (an mqkv extension; keys only).
+    /// First print every change of the keys (or of the keys the patterns match) after this
+    /// version, one printed before say, then go on live: nothing missed, nothing twice (an
+    /// mqkv extension).
     #[arg(long, value_name = "VERSION", value_parser = parse_hlc)]
     pub since: Option<Hlc>,
     #[command(flatten)]
@@ -51,7 +52,9 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<i32> {
         let tx = tx.clone();
         let pattern = !args.exact && key.iter().any(|b| matches!(b, b'*' | b'?' | b'['));
         let changes: Changes = match (&args.since, pattern) {
-            (Some(_), true) => anyhow::bail!("--since applies to keys, not to patterns"),
+            (Some(since), true) => {
+                Box::pin(client.observe_pattern_since(key, since.clone()).await?)
+            }
             (Some(since), false) => Box::pin(client.observe_since(key, since.clone()).await?),
             (None, true) => Box::pin(client.observe_pattern(key).await?),
             (None, false) => Box::pin(client.observe(key).await?),
