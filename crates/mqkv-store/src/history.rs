@@ -76,7 +76,9 @@ pub struct History {
     limits: HistoryLimits,
     /// At least the wall clock of every version dropped.
     compacted_ms: u64,
-    /// Key and value bytes of `changes`.
+    /// Key and value bytes of `changes`; counted again when a snapshot is read, never trusted
+    /// from one.
+    #[serde(skip)]
     bytes: u64,
     /// Whether the store has applied an entry.
     started: bool,
@@ -93,6 +95,11 @@ impl History {
             started: true,
             ..History::default()
         }
+    }
+
+    /// Counts the bytes of the changes again (after reading a snapshot).
+    pub(crate) fn recount(&mut self) {
+        self.bytes = self.changes.iter().map(Change::bytes).sum();
     }
 
     /// Notes an entry applied at `now_ms`: the first one marks when the store began, before
@@ -151,7 +158,7 @@ impl History {
                 break;
             }
             self.compacted_ms = self.compacted_ms.max(oldest.version.wall_ms);
-            self.bytes -= oldest.bytes();
+            self.bytes = self.bytes.saturating_sub(oldest.bytes());
             self.changes.pop_front();
         }
     }

@@ -109,8 +109,9 @@ impl StateMachine {
         keys: Vec<(Key, Record)>,
         dedup: DedupTable,
         meta: MetaTable,
-        history: crate::history::History,
+        mut history: crate::history::History,
     ) -> Self {
+        history.recount();
         let mut machine = StateMachine {
             config,
             clock,
