@@ -406,3 +406,47 @@ async fn a_pattern_watch_sees_every_matching_key() {
     assert_eq!(second.operation, mqkv_client::Operation::Delete);
     sensors.unobserve().await.unwrap();
 }
+
+/// Sixteen writers increment one counter with compare-and-set, retrying when another got
+/// there first: no increment is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_set_loses_no_update() {
+    const WRITERS: usize = 16;
+    const EACH: usize = 25;
+    let server = Server::start();
+    let setup = server.client("cas-counter-setup").await;
+    setup.set("counter", "0").await.unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let client = server.client(&format!("cas-counter-{w}")).await;
+        tasks.push(tokio::spawn(async move {
+            let mut retries = 0;
+            for _ in 0..EACH {
+                loop {
+                    let now = client.get("counter").await.unwrap().expect("exists");
+                    let n: usize = std::str::from_utf8(&now.value).unwrap().parse().unwrap();
+                    let options = SetOptions::new().if_version(now.version);
+                    match client
+                        .set_with("counter", (n + 1).to_string(), &options)
+                        .await
+                        .unwrap()
+                    {
+                        SetOutcome::Applied { .. } => break,
+                        SetOutcome::NotApplied { .. } => retries += 1,
+                    }
+                }
+            }
+            retries
+        }));
+    }
+    let mut retries = 0;
+    for t in tasks {
+        retries += t.await.unwrap();
+    }
+    let end = setup.get("counter").await.unwrap().expect("exists");
+    assert_eq!(
+        std::str::from_utf8(&end.value).unwrap(),
+        (WRITERS * EACH).to_string(),
+        "after {retries} retries"
+    );
+}

@@ -288,3 +288,35 @@ async fn an_observation_can_start_from_a_version() {
     assert_eq!(next(&mut obs).await.operation, set_of("d"));
     nothing_within(&mut obs, Duration::from_millis(300)).await;
 }
+
+/// A watcher away (its server restarted, its reconnection slow) while 1,000 changes happen
+/// receives exactly those 1,000 changes, in order, once it is back.
+#[tokio::test]
+async fn a_watcher_away_during_a_thousand_changes_receives_them_all() {
+    let dir = std::env::temp_dir().join(format!("mqkv-client-thousand-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut server = Server::start_durable(&dir);
+    let options = server
+        .options("obs-thousand")
+        .reconnect_delay(Duration::from_secs(2), Duration::from_secs(3));
+    let observer = Client::connect(options).await.unwrap();
+    observer.set("counter", "0").await.unwrap();
+    let mut obs = observer.observe("counter").await.unwrap();
+
+    server.restart();
+    let writer = server.client("obs-thousand-writer").await;
+    for i in 1..=1000 {
+        writer.set("counter", i.to_string()).await.unwrap();
+    }
+    let mut last = None;
+    for i in 1..=1000 {
+        let n = next(&mut obs).await;
+        assert_eq!(n.operation, set_of(&i.to_string()), "change {i}");
+        assert!(!n.synthesized);
+        assert!(last.as_ref().is_none_or(|l| *l < n.version), "in order");
+        last = Some(n.version);
+    }
+    nothing_within(&mut obs, Duration::from_millis(300)).await;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -80,10 +80,9 @@ pub struct History {
     /// from one.
     #[serde(skip)]
     bytes: u64,
-    /// Whether the store has applied an entry.
-    started: bool,
-    /// The wall clock of the first entry the store applied: nothing is known before it.
-    started_ms: u64,
+    /// The wall clock of the first version the store recorded (`None`: none yet): versions
+    /// before it are from before this store, and nothing is known of them.
+    started_ms: Option<u64>,
 }
 
 impl History {
@@ -92,7 +91,7 @@ impl History {
     pub(crate) fn starting_at(ms: u64) -> History {
         History {
             compacted_ms: ms,
-            started: true,
+            started_ms: Some(0),
             ..History::default()
         }
     }
@@ -100,15 +99,6 @@ impl History {
     /// Counts the bytes of the changes again (after reading a snapshot).
     pub(crate) fn recount(&mut self) {
         self.bytes = self.changes.iter().map(Change::bytes).sum();
-    }
-
-    /// Notes an entry applied at `now_ms`: the first one marks when the store began, before
-    /// which nothing is known.
-    pub(crate) fn entry_applied(&mut self, now_ms: u64) {
-        if !self.started {
-            self.started = true;
-            self.started_ms = now_ms;
-        }
     }
 
     pub(crate) fn limits(&self) -> HistoryLimits {
@@ -128,6 +118,7 @@ impl History {
     /// Records the changes an entry applied at `now_ms`.
     pub(crate) fn record(&mut self, events: &[ChangeEvent], now_ms: u64) {
         for event in events {
+            self.started_ms.get_or_insert(event.version.wall_ms);
             let change = Change {
                 key: event.key.clone(),
                 version: event.version.clone(),
@@ -175,8 +166,11 @@ impl History {
         after: &Hlc,
         wanted: impl Fn(&[u8]) -> bool,
     ) -> Result<Vec<ChangeEvent>, Compacted> {
-        // A store that has applied nothing knows of no version: `after` is from elsewhere.
-        if !self.started || after.wall_ms <= self.compacted_ms || after.wall_ms < self.started_ms {
+        // A store that has recorded no change knows of no version: `after` is from elsewhere.
+        let Some(started_ms) = self.started_ms else {
+            return Err(Compacted);
+        };
+        if after.wall_ms <= self.compacted_ms || after.wall_ms < started_ms {
             return Err(Compacted);
         }
         Ok(self
@@ -215,27 +209,20 @@ mod tests {
     fn versions_from_before_the_store_began_are_compacted() {
         let mut h = History::default();
         assert_eq!(h.since(b"k", &Hlc::new(900, 0, "old")), Err(Compacted));
-        h.entry_applied(1_000);
-        h.record(&[set("k", "a", 1_001)], 1_001);
+        h.record(&[set("k", "a", 1_000)], 1_000);
         assert_eq!(h.since(b"k", &Hlc::new(900, 0, "old")), Err(Compacted));
-        assert_eq!(
-            h.since(b"k", &Hlc::new(1_000, 0, "n")).map(|c| c.len()),
-            Ok(1)
-        );
-        assert_eq!(h.since(b"k", &Hlc::new(1_001, 0, "n")), Ok(vec![]));
-        h.entry_applied(5_000);
+        assert_eq!(h.since(b"k", &Hlc::new(1_000, 0, "n")), Ok(vec![]));
         h.record(&[set("k", "b", 6_000)], 6_000);
         assert_eq!(
-            h.since(b"k", &Hlc::new(1_001, 0, "n")).map(|c| c.len()),
+            h.since(b"k", &Hlc::new(1_000, 0, "n")).map(|c| c.len()),
             Ok(1),
-            "only the first entry marks the start"
+            "only the first version marks the start"
         );
     }
 
     #[test]
     fn the_changes_after_a_version_come_in_order() {
         let mut h = History::default();
-        h.entry_applied(100);
         h.record(&[set("k", "a", 100)], 100);
         h.record(&[set("other", "x", 150)], 150);
         h.record(&[set("k", "b", 200)], 200);
@@ -253,7 +240,6 @@ mod tests {
     #[test]
     fn dropped_changes_make_older_versions_compacted() {
         let mut h = History::default();
-        h.entry_applied(0);
         h.set_limits(
             HistoryLimits {
                 max_changes: 2,

@@ -347,3 +347,45 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The change history: the changes of a key after any version are exactly those applied
+    /// after it, in order, or the answer that some are no longer kept, which comes only when
+    /// the history dropped changes.
+    #[test]
+    fn history_replays_exactly_the_changes_after_a_version(
+        entries in arb_entries(),
+        max_changes in 1usize..40,
+        pick in any::<prop::sample::Index>(),
+    ) {
+        let mut m = StateMachine::new(StoreConfig::new("srv"));
+        m.apply(&Entry {
+            now_ms: START_MS - 1,
+            op: Op::SetHistory(mqkv_store::HistoryLimits {
+                max_changes,
+                max_age_ms: u64::MAX / 4,
+                max_bytes: u64::MAX / 4,
+            }),
+        });
+        let mut log = Vec::new();
+        for entry in &entries {
+            log.extend(m.apply(entry).events);
+        }
+        prop_assume!(!log.is_empty());
+        let after = log[pick.index(log.len())].version.clone();
+        for key in KEYS {
+            let expected: Vec<_> = log
+                .iter()
+                .filter(|e| &e.key[..] == key.as_bytes() && e.version > after)
+                .cloned()
+                .collect();
+            match m.history_since(key.as_bytes(), &after) {
+                Ok(changes) => prop_assert_eq!(changes, expected),
+                Err(mqkv_store::Compacted) => prop_assert!(
+                    log.len() > max_changes,
+                    "compacted with all {} changes kept", log.len()
+                ),
+            }
+        }
+    }
+}
