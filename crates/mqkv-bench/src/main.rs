@@ -51,7 +51,8 @@ const ALL_WORKLOADS: [&str; 14] = [
     about = "Benchmarks mqkv against Mosquitto and Redis on this machine",
     after_help = "Workloads: set, get, mix (state store, with Redis as anchor); pipe (SET with \
                   many requests in flight on one connection, with Redis pipelining as anchor); \
-                  notify (key notification fan-out); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
+                  notify (key notification fan-out, of one key watched exactly and of many keys \
+                  watched through one pattern); fanin, fanout (MQTT pub/sub QoS 0 and 1, with \
                   Mosquitto); tls, ws (pub/sub QoS 1 fan-in and fan-out over TLS and over WebSocket, with \
                   Mosquitto on the same transport); policy (pub/sub QoS 1 fan-in and SET with a 100-rule \
                   authorization policy against none); rate (QoS 1 latency at a fixed rate); storm (connects per \
@@ -255,7 +256,9 @@ enum Job {
     Kv(KvMode, usize, usize),
     /// SET pipelined on one connection: depth, value size.
     Pipe(usize, usize),
-    Notify(usize),
+    /// Notification fan-out to this many observers, watching one key, or (true) many keys
+    /// through one pattern.
+    Notify(usize, bool),
     /// Fan-in (true) or fan-out, QoS, clients, over the connection kind given.
     PubSub(bool, QoS, usize, Wire),
     Rate,
@@ -317,7 +320,9 @@ fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
             }
             "notify" => {
                 for &c in &p.clients {
-                    out.push((Target::Mqkv, Job::Notify(c)));
+                    for pattern in [false, true] {
+                        out.push((Target::Mqkv, Job::Notify(c, pattern)));
+                    }
                 }
             }
             "fanin" | "fanout" => {
@@ -394,7 +399,8 @@ fn workload_name(job: &Job) -> &'static str {
     match job {
         Job::Kv(m, ..) => m.name(),
         Job::Pipe(..) => "set-pipelined",
-        Job::Notify(_) => "notify",
+        Job::Notify(_, false) => "notify",
+        Job::Notify(_, true) => "notify-pattern",
         Job::PubSub(true, .., Wire::Tcp) => "pubsub-fanin",
         Job::PubSub(false, .., Wire::Tcp) => "pubsub-fanout",
         Job::PubSub(true, .., Wire::Tls) => "pubsub-fanin-tls",
@@ -412,7 +418,7 @@ fn job_clients(job: &Job, s: &Settings) -> usize {
     match job {
         Job::Kv(_, c, _)
         | Job::Pipe(c, _)
-        | Job::Notify(c)
+        | Job::Notify(c, _)
         | Job::PubSub(_, _, c, _)
         | Job::Storm(c) => *c,
         Job::Rate => 1,
@@ -458,7 +464,7 @@ fn run_job(
         match job {
             Job::Kv(mode, c, size) => workloads::kv(*mode, &server, *c, *size, s).await,
             Job::Pipe(depth, size) => workloads::pipelined(&server, *depth, *size, s).await,
-            Job::Notify(c) => workloads::notify(&server, *c, s).await,
+            Job::Notify(c, pattern) => workloads::notify(&server, *c, *pattern, s).await,
             Job::PubSub(fanin, qos, c, _) => workloads::pubsub(*fanin, *qos, &server, *c, s).await,
             Job::Rate => workloads::rate(&server, s).await,
             Job::Storm(c) => workloads::storm(&server, *c, s).await,

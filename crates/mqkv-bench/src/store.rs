@@ -53,7 +53,8 @@ pub struct StoreRequest {
     tpl: PublishTemplate,
     corr: usize,
     ts: usize,
-    key: usize,
+    /// Where the key's digits are, if the request names a benchmark key.
+    key: Option<usize>,
 }
 
 impl StoreRequest {
@@ -89,7 +90,8 @@ impl StoreRequest {
         let ts = tpl.find(b"__ts").context("__ts not found")? + 4 + 2;
         let mut needle = b"\r\n".to_vec();
         needle.extend_from_slice(KEY_PREFIX);
-        let key = tpl.find(&needle).context("key not found")? + 2 + KEY_PREFIX.len();
+        // A pattern that is not a benchmark key (a pattern watch's) is sent as it is.
+        let key = tpl.find(&needle).map(|at| at + 2 + KEY_PREFIX.len());
         Ok(StoreRequest { tpl, corr, ts, key })
     }
 
@@ -100,7 +102,9 @@ impl StoreRequest {
         b[self.corr..self.corr + 8].copy_from_slice(&tag.to_be_bytes());
         b[self.corr + 8..self.corr + 16].copy_from_slice(&seq.to_be_bytes());
         put_digits(&mut b[self.ts..self.ts + 15], now_ms());
-        put_digits(&mut b[self.key..self.key + KEY_DIGITS], key_index);
+        if let Some(key) = self.key {
+            put_digits(&mut b[key..key + KEY_DIGITS], key_index);
+        }
         &self.tpl.bytes
     }
 

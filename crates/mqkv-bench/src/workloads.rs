@@ -889,9 +889,28 @@ async fn rate_inner(server: &Server, s: &Settings, r: &mut RunResult) -> Result<
 }
 
 // ---------------------------------------------------------------------------------------------
-// Notification fan-out: one key, many observers.
+// Notification fan-out: one key, many observers; or, with pattern watches, many keys (the
+// setter goes round them) and every observer watching them all through one pattern.
 
 pub const NOTIFY_KEY: u64 = 9_999_999;
+
+/// The first of the keys the pattern fan-out changes, and how many there are: the pattern is
+/// this key with its last three digits `???`.
+const PATTERN_KEYS_FROM: u64 = 8_000_000;
+const PATTERN_KEYS: u64 = 1_000;
+
+/// The glob matching every key of the pattern fan-out (its first letter as a class, so that
+/// the request is not taken for one naming a key).
+fn pattern_glob() -> Vec<u8> {
+    let mut glob = key_bytes(PATTERN_KEYS_FROM);
+    let n = glob.len();
+    glob[n - 3..].copy_from_slice(b"???");
+    let mut class = b"[".to_vec();
+    class.push(glob[0]);
+    class.push(b']');
+    class.extend_from_slice(&glob[1..]);
+    class
+}
 
 struct Round {
     seq: AtomicU64,
@@ -904,6 +923,8 @@ struct Setter {
     client: StoreClient,
     round: Arc<Round>,
     observers: usize,
+    /// Whether each SET goes to the next of the pattern's keys (else always to one key).
+    rotate: bool,
     epoch: Instant,
     after_response: Arc<Mutex<Histogram<u64>>>,
 }
@@ -915,7 +936,12 @@ impl Worker for Setter {
             .remaining
             .store(self.observers, Ordering::Release);
         self.round.seq.store(seq, Ordering::Release);
-        if !self.client.set_with_value_digits(NOTIFY_KEY, seq).await? {
+        let key = if self.rotate {
+            PATTERN_KEYS_FROM + seq % PATTERN_KEYS
+        } else {
+            NOTIFY_KEY
+        };
+        if !self.client.set_with_value_digits(key, seq).await? {
             return Ok(false);
         }
         let answered = self.epoch.elapsed().as_nanos() as u64;
@@ -982,8 +1008,11 @@ async fn observer_loop(mut conn: Conn, round: Arc<Round>, epoch: Instant) -> Res
     .await
 }
 
-pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResult {
-    let mut r = RunResult::new("notify", server.target, observers);
+/// Key notification fan-out to `observers`: of one key each observer watches exactly, or (with
+/// `pattern`) of many keys each observer watches through one pattern.
+pub async fn notify(server: &Server, observers: usize, pattern: bool, s: &Settings) -> RunResult {
+    let name = if pattern { "notify-pattern" } else { "notify" };
+    let mut r = RunResult::new(name, server.target, observers);
     r.value_size = Some(16);
     r.unit = "notifications/s".to_owned();
     let addr = server.addr;
@@ -1000,10 +1029,18 @@ pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResul
         let obs = connect_all(observers, move |i| async move {
             let mut c =
                 StoreClient::connect(addr, format!("bench-obs-{i}"), 10_000 + i as u64, 16).await?;
-            let key = Bytes::from(key_bytes(NOTIFY_KEY));
-            let answer = c
-                .call_command(&Command::KeyNotify { key, stop: false }, NOTIFY_KEY)
-                .await?;
+            let command = if pattern {
+                Command::KeyNotifyPattern {
+                    pattern: Bytes::from(pattern_glob()),
+                    stop: false,
+                }
+            } else {
+                Command::KeyNotify {
+                    key: Bytes::from(key_bytes(NOTIFY_KEY)),
+                    stop: false,
+                }
+            };
+            let answer = c.call_command(&command, NOTIFY_KEY).await?;
             if !answer.status_ok || &answer.payload[..] != b"+OK\r\n" {
                 bail!("KEYNOTIFY answered {:?}", answer.payload);
             }
@@ -1018,6 +1055,7 @@ pub async fn notify(server: &Server, observers: usize, s: &Settings) -> RunResul
             client,
             round: round.clone(),
             observers,
+            rotate: pattern,
             epoch,
             after_response: after.clone(),
         }])

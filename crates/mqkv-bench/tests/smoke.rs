@@ -121,6 +121,7 @@ fn smoke_run_reports_every_workload() {
         ("mix", true),
         ("set-pipelined", true),
         ("notify", true),
+        ("notify-pattern", true),
         ("pubsub-fanin", true),
         ("pubsub-fanout", true),
         ("pubsub-fanin-tls", true),
