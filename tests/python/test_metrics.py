@@ -133,6 +133,8 @@ def test_state_store_counters_and_latency(mqkv):
     assert value(after, "mqkv_state_store_keys") == 2  # a and existing
     assert value(after, "mqkv_raft_is_leader", node="1") == 1
     assert value(after, "mqkv_raft_applied_index", node="1") >= 6
+    assert value(after, "mqkv_raft_commit_index", node="1") >= value(
+        after, "mqkv_raft_applied_index", node="1")
 
 
 def test_authorization_and_authentication_counters(mqkv, tmp_path):

@@ -414,6 +414,11 @@ impl LogShared {
         self.lock().last_id().map(|id| id.index)
     }
 
+    /// Index of the newest entry raft has reported committed to this node.
+    pub(crate) fn committed_index(&self) -> Option<u64> {
+        self.lock().committed.map(|id| id.index)
+    }
+
     /// Entries currently in the log (not yet purged).
     pub(crate) fn len(&self) -> u64 {
         self.lock().slots.len() as u64

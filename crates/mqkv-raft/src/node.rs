@@ -379,6 +379,7 @@ impl StoreNode {
             term: metrics.current_term,
             leader: metrics.current_leader,
             last_log_index: metrics.last_log_index,
+            commit_index: self.inner.log.committed_index(),
             applied_index: metrics.last_applied.map(|id| id.index),
             is_leader: self.is_leader(),
         }

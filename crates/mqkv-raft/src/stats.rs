@@ -47,6 +47,8 @@ pub struct RaftFigures {
     pub leader: Option<u64>,
     /// Index of the last entry in this node's log.
     pub last_log_index: Option<u64>,
+    /// Index of the last entry this node knows is committed.
+    pub commit_index: Option<u64>,
     /// Index of the last entry this node applied.
     pub applied_index: Option<u64>,
     pub is_leader: bool,

@@ -316,6 +316,11 @@ pub fn render(s: &Sources) -> String {
             raft.last_log_index.unwrap_or(0),
         ),
         (
+            "mqkv_raft_commit_index",
+            "index of the last entry this node knows is committed",
+            raft.commit_index.unwrap_or(0),
+        ),
+        (
             "mqkv_raft_applied_index",
             "index of the last entry this node applied",
             raft.applied_index.unwrap_or(0),
