@@ -268,3 +268,41 @@ def test_a_pattern_watch_resumes_since_a_version(server):
     assert [k for k, _ in notifications(watcher)] == [b"sensors/c"]
     assert watcher.request("KEYNOTIFY", "x*", "PATTERN", "SINCE", "then") == \
         b"-ERR syntax error\r\n"
+
+
+def test_watches_resume_on_any_node_and_after_a_leader_change(cluster):  # noqa: F811
+    """The change history is replicated: a watch resumes on a follower, and on a survivor after
+    the leader dies; a pattern watch on one node sees changes written through another."""
+    from test_cluster import status
+
+    leader_id = status(cluster[0])["leader"]
+    leader = cluster[leader_id - 1]
+    followers = [n for n in cluster if n is not leader]
+    writer = StoreClient(Paho(leader, "hist-w"), "hist-w")
+    assert writer.set("door", "open") == b"+OK\r\n"
+    v1 = version(writer)
+    assert writer.set("door", "shut") == b"+OK\r\n"
+    v2 = version(writer)
+    # A pattern watch on a follower sees a change written through the leader.
+    pw = StoreClient(Paho(followers[0], "hist-pw"), "hist-pw")
+    assert pw.request("KEYNOTIFY", "do*", "PATTERN") == b"+OK\r\n"
+    assert writer.set("dock", "1") == b"+OK\r\n"
+    assert [k for k, _ in notifications(pw, within=2)] == [b"dock"]
+    # A resumed watch on the other follower replays from its own copy of the history.
+    r = StoreClient(Paho(followers[1], "hist-r"), "hist-r")
+    assert r.request("KEYNOTIFY", "door", "SINCE", v1) == b"+OK\r\n"
+    assert [dict(m.properties.UserProperty)["__ts"] for m in r.others] == [v2]
+    # The leader dies; a survivor still resumes from v1.
+    writer.paho.close()
+    leader.proc.kill()
+    leader.proc.wait()
+    leader.stopped = True
+    survivor = StoreClient(Paho(followers[0], "hist-s"), "hist-s")
+    deadline = time.monotonic() + 30
+    while True:
+        answer = survivor.request("KEYNOTIFY", "door", "SINCE", v1, timeout=10)
+        if answer == b"+OK\r\n" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert answer == b"+OK\r\n"
+    assert [dict(m.properties.UserProperty)["__ts"] for m in survivor.others] == [v2]
