@@ -7,7 +7,7 @@ import time
 import pytest
 
 import mqttraw as r
-from helpers import PacketTypes, Paho, props, raw_connected, wait_for
+from helpers import HOST, PacketTypes, Paho, props, raw_connected, wait_for
 
 CONNECT = PacketTypes.CONNECT
 
@@ -241,3 +241,34 @@ def test_every_retained_message_reaches_a_wildcard_subscriber_paced(mqkv):
     assert by_topic["paced/199"] == [b"live"]
     assert by_topic["paced/100"] == [b"r100"]
     sub.expect_nothing(0.5)
+
+
+def test_all_queues_together_stay_within_their_byte_budget(mqkv):
+    """Five offline sessions would queue a megabyte between them; the budget holds them to
+    100 kB together, drops the rest under the queue policy (counted), and once the sessions
+    have been served the budget is all free again."""
+    from paho.mqtt.properties import Properties
+
+    from test_metrics import quiet, value
+
+    server = mqkv("--http", f"{HOST}:0", "--max-queued-bytes", "100000")
+    expiry = Properties(PacketTypes.CONNECT)
+    expiry.SessionExpiryInterval = 300
+    for i in range(5):
+        c = Paho(server, f"budget-{i}", clean_start=False, properties=expiry)
+        assert c.subscribe("budget/#", 1) == [1]
+        c.disconnect()
+    pub = Paho(server, "budget-pub")
+    for i in range(200):
+        pub.publish(f"budget/{i}", b"x" * 1000, qos=1)
+    m = quiet(server)
+    assert value(m, "mqkv_queued_bytes_limit") == 100000
+    assert 90000 < value(m, "mqkv_queued_bytes") <= 100000
+    assert value(m, "mqkv_queue_dropped_messages", policy="drop-new") > 900
+    received = 0
+    for i in range(5):
+        c = Paho(server, f"budget-{i}", clean_start=False, properties=expiry)
+        received += len(c.drain(quiet=0.5))
+    # About 100 kB of 1 kB messages, over all five sessions together.
+    assert 85 <= received <= 100, received
+    assert value(quiet(server), "mqkv_queued_bytes") == 0

@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::queue::MessageQueue;
 use crate::session::Delivery;
 
 /// The retained deliveries of one session waiting for room in its queue.
@@ -64,10 +65,18 @@ impl RetainedBacklog {
         None
     }
 
-    /// Moves waiting deliveries into `queue` until it holds `limit`.
-    pub fn refill(&mut self, queue: &mut VecDeque<Delivery>, limit: usize) {
+    /// Moves waiting deliveries into `queue` until it holds `limit`, or the budget of queued
+    /// bytes has no room for the next.
+    pub fn refill(&mut self, queue: &mut MessageQueue, limit: usize) {
         while queue.len() < limit {
             let Some(d) = self.pop() else { break };
+            if !queue.fits(&d) {
+                // It waits at the front for the next refill.
+                let topic = d.message.topic.clone();
+                self.waiting.insert(topic.clone(), d);
+                self.order.push_front(topic);
+                break;
+            }
             queue.push_back(d);
         }
     }
@@ -106,12 +115,15 @@ mod tests {
         b.push(delivery("t/1", "again"));
         assert_eq!(b.len(), 5);
         b.supersede("t/2");
-        let mut queue = VecDeque::new();
+        let mut queue = MessageQueue::default();
         b.refill(&mut queue, 2);
         let topics: Vec<&str> = queue.iter().map(|d| d.message.topic.as_str()).collect();
         assert_eq!(topics, ["t/0", "t/1"]);
-        assert_eq!(&queue[1].message.payload[..], b"again");
-        queue.clear();
+        assert_eq!(
+            &queue.iter().nth(1).expect("two").message.payload[..],
+            b"again"
+        );
+        let mut queue = MessageQueue::default();
         b.refill(&mut queue, 10);
         let topics: Vec<&str> = queue.iter().map(|d| d.message.topic.as_str()).collect();
         assert_eq!(topics, ["t/3", "t/4"], "t/2 was superseded");

@@ -224,6 +224,12 @@ impl Broker {
         self.inner.sessions.lock().len()
     }
 
+    /// Bytes queued in every session now, and the most they may hold (0: no limit).
+    pub fn queued_bytes(&self) -> (u64, u64) {
+        let b = &self.inner.queue_budget;
+        (b.used(), b.limit())
+    }
+
     /// Number of retained messages.
     pub fn retained_count(&self) -> usize {
         self.inner.retained.read().len()

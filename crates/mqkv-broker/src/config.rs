@@ -29,6 +29,9 @@ pub struct BrokerConfig {
     pub max_session_expiry: u32,
     /// Messages queued per session (online or offline) before `queue_full` applies.
     pub max_queued_messages: usize,
+    /// Bytes (topics and payloads, and 64 per message) every session queue together may hold
+    /// before `queue_full` applies; 0: no limit.
+    pub max_queued_bytes: u64,
     pub queue_full: QueueFullPolicy,
     /// Anonymous clients: `None` allows them on loopback listeners only.
     pub allow_anonymous: Option<bool>,
@@ -97,6 +100,7 @@ impl Default for BrokerConfig {
             max_keep_alive: 0,
             max_session_expiry: u32::MAX,
             max_queued_messages: 10_000,
+            max_queued_bytes: 256 * 1024 * 1024,
             queue_full: QueueFullPolicy::DropNew,
             allow_anonymous: None,
             users: Vec::new(),

@@ -97,6 +97,8 @@ pub(crate) struct Inner {
     pub(crate) stats: Arc<crate::stats::PerThread<crate::stats::Counters>>,
     /// The metric categories clients named.
     pub(crate) categories: crate::stats::Categories,
+    /// The bytes every session queue together may hold.
+    pub(crate) queue_budget: Arc<crate::queue::QueueBudget>,
     /// Open connections by listener kind: `tcp`, `tls`, `ws`, `wss`.
     pub(crate) live_by_kind: [AtomicUsize; 4],
     /// Open connections per address, when they are limited.
@@ -121,6 +123,7 @@ impl Inner {
         threads: ConnThreads,
     ) -> Inner {
         let (shutdown, _) = watch::channel(false);
+        let queue_budget = Arc::new(crate::queue::QueueBudget::new(config.max_queued_bytes));
         Inner {
             config,
             auth,
@@ -143,6 +146,7 @@ impl Inner {
             reserved: RwLock::new(Vec::new()),
             stats: Arc::new(crate::stats::PerThread::new(threads.len())),
             categories: crate::stats::Categories::default(),
+            queue_budget,
             live_by_kind: Default::default(),
             per_address: Mutex::new(HashMap::new()),
             threads,
@@ -505,6 +509,7 @@ impl Inner {
             let mut st = session.state.lock();
             st.link = Some(link);
             st.stats = Some(self.stats.clone());
+            st.queue.use_budget(&self.queue_budget);
             st.expiry_interval = expiry_interval;
             st.disconnected_at = None;
             // Resuming within the will delay cancels the will.
@@ -728,6 +733,7 @@ impl Inner {
             let session = Arc::new(Session::new(client_id.clone()));
             {
                 let mut st = session.state.lock();
+                st.queue.use_budget(&self.queue_budget);
                 st.expiry_interval = record.expiry_interval;
                 st.disconnected_at = Some(Instant::now());
             }

@@ -22,6 +22,7 @@ pub mod passwords;
 pub mod persist;
 mod placement;
 mod policing;
+pub mod queue;
 pub mod replicated;
 mod saved;
 pub mod service;

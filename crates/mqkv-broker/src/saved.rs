@@ -200,6 +200,7 @@ impl Inner {
                 st.expiry_interval = s.expiry_interval;
                 st.disconnected_at =
                     Some(s.disconnected_at_ms.map_or(now, |ms| clock.to_instant(ms)));
+                st.queue.use_budget(&self.queue_budget);
                 for d in s.queue {
                     st.queue.push_back(delivery(d)?);
                 }

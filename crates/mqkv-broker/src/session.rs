@@ -239,7 +239,7 @@ pub struct PendingWill {
 pub struct SessionState {
     /// Subscriptions by the filter string as the client sent it (including `$share/...`).
     pub subscriptions: HashMap<String, (SubscriptionOptions, Option<u32>)>,
-    pub(crate) queue: VecDeque<Delivery>,
+    pub(crate) queue: crate::queue::MessageQueue,
     /// Retained messages a subscription matched that did not fit in `queue` yet.
     pub(crate) retained_backlog: crate::backlog::RetainedBacklog,
     /// The queue length the backlog refills `queue` up to (the queue limit when it filled).
@@ -349,7 +349,7 @@ impl Session {
             return (Enqueued::Dropped, None);
         }
         let mut result = Enqueued::Yes;
-        if st.queue.len() >= limits.max_queued {
+        if st.queue.len() >= limits.max_queued || !st.queue.fits(&d) {
             st.dropped_messages += 1;
             let dropped_qos = match limits.policy {
                 QueueFullPolicy::DropNew => d.qos,
@@ -365,7 +365,11 @@ impl Session {
             match limits.policy {
                 QueueFullPolicy::DropNew => return (Enqueued::Dropped, None),
                 QueueFullPolicy::DropOldest => {
-                    st.queue.pop_front();
+                    // Over the bytes budget with nothing of its own to give up (or still over
+                    // after), the session drops the new message instead.
+                    if st.queue.pop_front().is_none() || !st.queue.fits(&d) {
+                        return (Enqueued::Dropped, None);
+                    }
                     result = Enqueued::Dropped;
                 }
             }

@@ -229,6 +229,19 @@ pub fn render(s: &Sources) -> String {
     }
 
     // mqkv's own.
+    let (queued, budget) = s.broker.queued_bytes();
+    o.one(
+        "mqkv_queued_bytes",
+        "gauge",
+        "bytes of the messages waiting in every session queue",
+        queued,
+    );
+    o.one(
+        "mqkv_queued_bytes_limit",
+        "gauge",
+        "the most bytes every session queue together may hold (0: no limit)",
+        budget,
+    );
     o.header(
         "mqkv_connections",
         "gauge",

@@ -132,6 +132,10 @@ struct ServeArgs {
     /// Messages queued per session before --queue-full applies.
     #[arg(long)]
     max_queued_messages: Option<usize>,
+    /// Bytes all session queues together may hold before --queue-full applies (default
+    /// 256 MiB; 0: no limit).
+    #[arg(long, value_name = "BYTES")]
+    max_queued_bytes: Option<u64>,
     /// What a full session queue does: drop-new or drop-oldest.
     #[arg(long, value_parser = parse_queue_full)]
     queue_full: Option<QueueFullPolicy>,
@@ -341,6 +345,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_queued_messages {
             b.max_queued_messages = v;
+        }
+        if let Some(v) = self.max_queued_bytes {
+            b.max_queued_bytes = v;
         }
         if let Some(v) = self.queue_full {
             b.queue_full = v;
