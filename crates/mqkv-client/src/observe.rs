@@ -418,14 +418,23 @@ async fn stop(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
 }
 
 /// `KEYNOTIFY key SINCE version`: the server sends the changes after `since` as notifications
-/// before it answers. False when it cannot (it no longer keeps them, or does not know the
-/// extension): the caller then reads the key instead.
+/// before it answers. False when it cannot: the caller then reads the key instead.
 async fn resume(shared: &Shared, key: &Bytes, since: &Hlc, timeout: Duration) -> Result<bool> {
     let command = Command::KeyNotifySince {
         key: key.clone(),
         since: since.clone(),
     };
-    match shared.call(&command, None, timeout).await {
+    resume_with(shared, &command, timeout).await
+}
+
+/// Sends a `KEYNOTIFY ... SINCE` request (of a key or a pattern). False when the server cannot
+/// replay: it no longer keeps those changes, or does not know the extension.
+pub(crate) async fn resume_with(
+    shared: &Shared,
+    command: &Command,
+    timeout: Duration,
+) -> Result<bool> {
+    match shared.call(command, None, timeout).await {
         Ok(answer) if answer.response == Response::Ok => Ok(true),
         Ok(answer) => Err(Error::protocol(
             "KEYNOTIFY",

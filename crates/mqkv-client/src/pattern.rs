@@ -208,7 +208,7 @@ impl Drop for PatternObservation {
 }
 
 /// `KEYNOTIFY pattern PATTERN SINCE version`: the server sends the changes after `since` of
-/// the keys the pattern matches before it answers. False when it no longer keeps them all.
+/// the keys the pattern matches before it answers. False when it cannot replay them.
 pub(crate) async fn resume(
     shared: &Shared,
     pattern: &Bytes,
@@ -219,17 +219,7 @@ pub(crate) async fn resume(
         pattern: pattern.clone(),
         since: since.clone(),
     };
-    match shared.call(&command, None, timeout).await {
-        Ok(answer) if answer.response == Response::Ok => Ok(true),
-        Ok(answer) => Err(Error::protocol(
-            "KEYNOTIFY",
-            format!("unexpected answer {:?}", answer.response),
-        )),
-        Err(Error::Server(crate::ServerError::Known(
-            mqkv_protocol::ErrorKind::HistoryCompacted,
-        ))) => Ok(false),
-        Err(e) => Err(e),
-    }
+    crate::observe::resume_with(shared, &command, timeout).await
 }
 
 /// `KEYNOTIFY pattern PATTERN [STOP]`.
