@@ -36,7 +36,9 @@ pub mod transport;
 pub use broker::Broker;
 pub use cluster::WeakBroker;
 pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
-pub use placement::LentThread;
+pub use placement::{
+    release_freed_memory, release_freed_memory_periodically, set_release_freed_memory, LentThread,
+};
 pub use service::{
     ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };

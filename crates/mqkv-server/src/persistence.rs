@@ -153,7 +153,15 @@ impl Saver {
                     }
                     let state = broker.export_state();
                     let store = store.clone();
-                    match tokio::task::spawn_blocking(move || store.save(&state)).await {
+                    // The saving thread goes quiet afterwards: it gives back what the
+                    // serialized state took at once.
+                    let save = move || {
+                        let saved = store.save(&state);
+                        drop(state);
+                        mqkv_broker::release_freed_memory();
+                        saved
+                    };
+                    match tokio::task::spawn_blocking(save).await {
                         Ok(Ok(())) => saved = now,
                         Ok(Err(e)) => tracing::error!(error = %e, "saving broker state failed"),
                         Err(e) => tracing::error!(error = %e, "saving broker state panicked"),

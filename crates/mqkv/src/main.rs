@@ -487,6 +487,7 @@ fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     init_logs(matches!(&cli.command, Command::Serve(args) if args.log_format == LogFormat::Json));
     mqkv_server::set_after_snapshot(release_freed_memory);
+    mqkv_broker::set_release_freed_memory(release_freed_memory);
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Passwd(args) => passwd::run(args),
@@ -512,6 +513,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
+    rt.spawn(mqkv_broker::release_freed_memory_periodically());
     rt.block_on(async move {
         // Handlers first: a signal that arrives as soon as the listeners are announced must
         // already mean "shut down gracefully", not the default "die".

@@ -11,11 +11,13 @@
 mod affinity;
 mod colocate;
 mod threads;
+mod tidy;
 mod waker;
 
 pub(crate) use colocate::{Relocate, Sources};
 pub use threads::LentThread;
 pub(crate) use threads::{current_home, ConnThreads};
+pub use tidy::{release_freed_memory, release_freed_memory_periodically, set_release_freed_memory};
 pub(crate) use waker::CachedWaker;
 
 use threads::home_waker;

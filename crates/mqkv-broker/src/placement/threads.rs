@@ -261,6 +261,7 @@ impl ConnThreads {
                     HOME.with(|h| h.set(index + 1));
                     OUTBOX.with(|o| *o.borrow_mut() = Some(own_outbox));
                     runtime.spawn(flusher);
+                    runtime.spawn(super::tidy::release_freed_memory_periodically());
                     // Until the broker stops them; dropping the runtime then drops whatever
                     // connections are left.
                     let _ = runtime.block_on(stopped);
