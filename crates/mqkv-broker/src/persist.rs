@@ -33,7 +33,8 @@ pub struct BrokerState {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredMessage {
     pub topic: String,
-    pub payload: Vec<u8>,
+    /// Shared with the live message when saving (postcard writes it as `Vec<u8>` would be).
+    pub payload: Bytes,
     pub qos: u8,
     pub retain: bool,
     /// MQTT 5 property block as on the wire (length prefix included).
@@ -99,7 +100,7 @@ impl StoredMessage {
         let now = Instant::now();
         StoredMessage {
             topic: m.topic.clone(),
-            payload: m.payload.to_vec(),
+            payload: m.payload.clone(),
             qos: m.qos as u8,
             retain: m.retain,
             properties: m.properties.to_block(),
@@ -123,7 +124,7 @@ impl StoredMessage {
         };
         Some(Message {
             topic: self.topic.clone(),
-            payload: Bytes::copy_from_slice(&self.payload),
+            payload: self.payload.clone(),
             qos: QoS::from_u8(self.qos)?,
             retain: self.retain,
             properties: Properties::from_block(self.properties.clone()).ok()?,

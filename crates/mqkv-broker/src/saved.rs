@@ -5,8 +5,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::Bytes;
-
 use crate::codec::{Properties, QoS};
 use crate::inner::Inner;
 use crate::persist::*;
@@ -63,7 +61,7 @@ impl Exporter {
         let id = u32::try_from(self.state.messages.len()).unwrap_or(u32::MAX);
         self.state.messages.push(StoredMessage {
             topic: m.topic.clone(),
-            payload: m.payload.to_vec(),
+            payload: m.payload.clone(),
             qos: m.qos as u8,
             retain: m.retain,
             properties: m.properties.to_block(),
@@ -158,7 +156,7 @@ impl Inner {
                 .map_err(|_| ImportError::Corrupt("message properties"))?;
             messages.push(Arc::new(Message {
                 topic: m.topic,
-                payload: Bytes::from(m.payload),
+                payload: m.payload,
                 qos: QoS::from_u8(m.qos).ok_or(ImportError::Corrupt("message qos"))?,
                 retain: m.retain,
                 properties,

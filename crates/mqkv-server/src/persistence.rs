@@ -42,6 +42,9 @@ pub enum PersistError {
     Write { path: PathBuf, message: String },
 }
 
+/// redb's page cache for the state file.
+const CACHE_BYTES: usize = 4 * 1024 * 1024;
+
 /// The open broker state file.
 pub struct BrokerStore {
     db: Database,
@@ -56,13 +59,20 @@ impl BrokerStore {
             path: dir.to_owned(),
             message: e.to_string(),
         })?;
-        let db = Database::create(&path).map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => PersistError::InUse { path: path.clone() },
-            other => PersistError::Corrupt {
-                path: path.clone(),
-                message: other.to_string(),
-            },
-        })?;
+        // The file is read once, at start, and then only written: a page cache would only keep
+        // a copy of the last state written (redb's default allows 1 GiB).
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| match e {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    PersistError::InUse { path: path.clone() }
+                }
+                other => PersistError::Corrupt {
+                    path: path.clone(),
+                    message: other.to_string(),
+                },
+            })?;
         let store = BrokerStore { db, path };
         let state = store.load()?;
         Ok((store, state))
@@ -112,7 +122,11 @@ impl BrokerStore {
             path: self.path.clone(),
             message: e.to_string(),
         };
-        let bytes = postcard::to_allocvec(state).map_err(|e| write_err(&e))?;
+        // Exactly as large as the serialized state: growing a vector as it fills would hold
+        // up to twice that at the moment it moves.
+        let size = postcard::experimental::serialized_size(state).map_err(|e| write_err(&e))?;
+        let bytes =
+            postcard::to_extend(state, Vec::with_capacity(size)).map_err(|e| write_err(&e))?;
         let txn = self.db.begin_write().map_err(|e| write_err(&e))?;
         {
             let mut meta = txn.open_table(META).map_err(|e| write_err(&e))?;
@@ -187,5 +201,52 @@ impl Saver {
                 path: PathBuf::from(BROKER_FILE),
                 message: e.to_string(),
             })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mqkv_broker::persist::StoredMessage;
+    use serde::{Deserialize, Serialize};
+
+    /// A stored message as files written before payloads were shared: the payload a `Vec<u8>`.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct OwnedPayload {
+        topic: String,
+        payload: Vec<u8>,
+        qos: u8,
+        retain: bool,
+        properties: Vec<u8>,
+        expires_at_ms: Option<u64>,
+        publisher: Option<String>,
+    }
+
+    #[test]
+    fn a_shared_payload_is_written_and_read_as_an_owned_one_was() {
+        let payload: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let shared = StoredMessage {
+            topic: "a/b".into(),
+            payload: bytes::Bytes::from(payload.clone()),
+            qos: 1,
+            retain: true,
+            properties: vec![0],
+            expires_at_ms: Some(7),
+            publisher: Some("p".into()),
+        };
+        let owned = OwnedPayload {
+            topic: "a/b".into(),
+            payload,
+            qos: 1,
+            retain: true,
+            properties: vec![0],
+            expires_at_ms: Some(7),
+            publisher: Some("p".into()),
+        };
+        let written = postcard::to_allocvec(&shared).expect("serializes");
+        assert_eq!(written, postcard::to_allocvec(&owned).expect("serializes"));
+        let read: StoredMessage = postcard::from_bytes(&written).expect("reads back");
+        assert_eq!(read, shared);
+        let old: OwnedPayload = postcard::from_bytes(&written).expect("reads as before");
+        assert_eq!(old, owned);
     }
 }

@@ -139,7 +139,7 @@ mod tests {
         WillRecord {
             message: StoredMessage {
                 topic: topic.into(),
-                payload: b"gone".to_vec(),
+                payload: bytes::Bytes::from_static(b"gone"),
                 qos: 1,
                 retain: false,
                 properties: vec![0],

@@ -259,6 +259,12 @@ impl Conn {
                         None => now.checked_add(check_every(None)).unwrap_or(now + Duration::from_secs(86_400)),
                     };
                     let deadline = self.credential_expires.map_or(deadline, |at| deadline.min(at));
+                    // A packet that began arriving since the last check is timed out when its
+                    // own limit passes, not a whole check period after.
+                    let deadline = match (partial_since, packet_timeout) {
+                        (Some(since), Some(limit)) => deadline.min(since + limit),
+                        _ => deadline,
+                    };
                     idle.as_mut().reset(deadline.into());
                     idle_registered = false;
                     // At most once per keep alive period: a good time to give back a buffer
