@@ -471,7 +471,8 @@ async def phase_retained(port: int, scale: float, settings: dict) -> tuple[dict,
     outcome = {"publishes": n, "puback_reasons": {hex(k): v for k, v in reasons.items()},
                "held_rss": settings["sampler"].now()}
 
-    kept = reasons.get(0, 0)
+    # 0x00 and 0x10 (no matching subscribers) are both success.
+    kept = reasons.get(0x00, 0) + reasons.get(0x10, 0)
 
     async def release():
         # Clear what was kept (the first ones, in order): an empty retained publish removes a

@@ -229,7 +229,7 @@ impl Inner {
         } else {
             let size = retained_size(&msg.topic, &msg.payload);
             self.retained_bytes.fetch_add(size, Ordering::Relaxed);
-            retained.insert(msg.topic.clone(), msg)
+            retained.insert(msg.topic.clone(), Arc::new(msg.compacted()))
         };
         if let Some(old) = old {
             self.retained_bytes

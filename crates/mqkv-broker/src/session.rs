@@ -49,6 +49,24 @@ impl Message {
         }
     }
 
+    /// A copy that shares no memory with the packet it was read from. The bytes of a packet
+    /// share their read buffer with the packets around it, so a message kept for long (a
+    /// retained one) would otherwise keep that whole buffer.
+    pub fn compacted(&self) -> Message {
+        let copy = |b: &Bytes| Bytes::copy_from_slice(b);
+        let mut properties = self.properties.clone();
+        properties.correlation_data = properties.correlation_data.as_ref().map(copy);
+        Message {
+            topic: self.topic.clone(),
+            payload: copy(&self.payload),
+            qos: self.qos,
+            retain: self.retain,
+            properties,
+            expires_at: self.expires_at,
+            publisher: self.publisher.clone(),
+        }
+    }
+
     pub fn expired(&self, now: Instant) -> bool {
         self.expires_at.is_some_and(|t| t <= now)
     }

@@ -344,7 +344,7 @@ fn peek_fixed_header(buf: &[u8]) -> Result<Option<(u8, usize, usize)>, DecodeErr
 }
 
 /// The least room a buffer holding part of a packet is given at once.
-const GROWTH_FLOOR: usize = 64 * 1024;
+const GROWTH_FLOOR: usize = 8 * 1024;
 
 /// Decodes one packet from `buf` if a whole one is buffered.
 ///

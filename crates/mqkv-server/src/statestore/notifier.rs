@@ -28,6 +28,19 @@ pub(super) struct Observers {
     replayed: HashMap<(u64, Bytes), Hlc>,
 }
 
+/// Whether a hash map or set holding `len` entries in room for `capacity` should shrink: it
+/// holds less than a quarter of its room.
+fn sparse(len: usize, capacity: usize) -> bool {
+    capacity > 64 && len < capacity / 4
+}
+
+/// Shrinks a sparse map to twice its entries.
+fn shrink_when_sparse<K: Eq + std::hash::Hash, V>(map: &mut HashMap<K, V>) {
+    if sparse(map.len(), map.capacity()) {
+        map.shrink_to(map.len() * 2);
+    }
+}
+
 /// The pattern watches of one connection.
 struct Patterns {
     who: ClientIdentity,
@@ -50,6 +63,12 @@ impl Observers {
         if on_connection.is_some_and(|o| o.keys.len() >= max && !o.keys.contains(key)) {
             return false;
         }
+        // The key is copied: the request's bytes it came from share a read buffer with other
+        // packets, and a registration that kept a slice of them would keep all of it.
+        let key = match self.by_key.get_key_value(key) {
+            Some((known, _)) => known.clone(),
+            None => Bytes::copy_from_slice(key),
+        };
         self.by_key
             .entry(key.clone())
             .or_default()
@@ -81,10 +100,14 @@ impl Observers {
         }
         if let Some(observed) = self.by_connection.get_mut(&conn) {
             observed.keys.remove(key);
+            if sparse(observed.keys.len(), observed.keys.capacity()) {
+                observed.keys.shrink_to(observed.keys.len() * 2);
+            }
             if observed.keys.is_empty() {
                 self.by_connection.remove(&conn);
             }
         }
+        self.give_back_room();
         true
     }
 
@@ -182,6 +205,17 @@ impl Observers {
                 }
             }
         }
+        self.give_back_room();
+    }
+
+    /// Shrinks the maps that are mostly empty: a map keeps the room of the most entries it
+    /// ever held, so a flood of registrations that has ended would otherwise stay resident.
+    /// Shrinking to twice what is left makes it happen again only after half of that has
+    /// gone, so its cost is spread over the removals.
+    fn give_back_room(&mut self) {
+        shrink_when_sparse(&mut self.by_key);
+        shrink_when_sparse(&mut self.by_connection);
+        shrink_when_sparse(&mut self.replayed);
     }
 
     /// The clients to notify of the change of `key` to `version`: its observers (but those
@@ -463,6 +497,49 @@ mod tests {
             condition: None,
             px_ms,
         }
+    }
+
+    fn identity(connection_id: u64) -> ClientIdentity {
+        ClientIdentity {
+            client_id: Arc::from(format!("c{connection_id}")),
+            principal: Arc::new(mqkv_broker::access::Principal::default()),
+            grants: None,
+            peer: "127.0.0.1:1".parse().expect("an address"),
+            connection_id,
+        }
+    }
+
+    /// A flood of registrations that has ended leaves no room behind: the maps shrink as
+    /// observers close or stop, and registrations still open are untouched.
+    #[test]
+    fn the_room_of_ended_registrations_is_given_back() {
+        let mut observers = Observers::default();
+        for connection in 0..10u64 {
+            let who = identity(connection);
+            for k in 0..1000 {
+                let key = Bytes::from(format!("{connection}/{k}"));
+                assert!(observers.start(&who, &key, 10_000));
+            }
+        }
+        let flooded = observers.by_key.capacity();
+        assert!(flooded >= 10_000, "{flooded}");
+        for connection in 1..10u64 {
+            observers.connection_closed(connection);
+        }
+        let who = identity(0);
+        for k in 0..900 {
+            assert!(observers.stop(&who, &Bytes::from(format!("0/{k}"))));
+        }
+        assert_eq!(observers.by_key.len(), 100);
+        assert!(
+            observers.by_key.capacity() < 1000,
+            "{}",
+            observers.by_key.capacity()
+        );
+        let keys = &observers.by_connection[&0].keys;
+        assert!(keys.capacity() < 1000, "{}", keys.capacity());
+        assert!(observers.stop(&who, &Bytes::from_static(b"0/999")));
+        assert!(!observers.stop(&who, &Bytes::from_static(b"0/0")));
     }
 
     /// Only a SET with a deadline can bring the earliest deadline forward, so only it wakes
