@@ -1003,6 +1003,29 @@ mod tests {
     use super::*;
     use proptest::strategy::Strategy as _;
 
+    /// A PUBLISH announced at 16,000,000 bytes of which 1 KB has come: the buffer grows with
+    /// what arrived, doubling, not to what was announced.
+    #[test]
+    fn room_for_a_partial_packet_follows_what_arrived() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(0x30);
+        let mut announced = BytesMut::new();
+        write_varint(&mut announced, 16_000_000);
+        buf.extend_from_slice(&announced);
+        buf.extend_from_slice(&[0u8; 1024]);
+        assert!(matches!(decode(&mut buf, Some(V5), 1 << 30), Ok(None)));
+        assert!(buf.capacity() <= 32 * 1024, "{}", buf.capacity());
+        let more = buf.capacity() - buf.len();
+        buf.extend_from_slice(&vec![0u8; more]);
+        let filled = buf.capacity();
+        assert!(matches!(decode(&mut buf, Some(V5), 1 << 30), Ok(None)));
+        assert!(
+            buf.capacity() <= 4 * filled,
+            "{} after {filled}",
+            buf.capacity()
+        );
+    }
+
     fn roundtrip(p: Packet, level: u8) -> Packet {
         let mut out = BytesMut::new();
         p.encode(&mut out, level);
