@@ -449,6 +449,8 @@ impl Inner {
                 }
             }
         }
+        // In topic order, the same every time, rather than the map's.
+        out.sort_unstable_by(|a, b| a.topic.cmp(&b.topic));
         if !expired.is_empty() {
             let mut retained = self.retained.write();
             for t in expired {
