@@ -219,6 +219,14 @@ class Conn:
             if p.type == m.CONNACK:
                 return p
 
+    async def subscribe(self, filters: list[tuple[str, int]]) -> m.Packet:
+        """Sends SUBSCRIBE and returns the SUBACK (other packets read meanwhile are dropped)."""
+        await self.send(m.subscribe(1, filters))
+        while True:
+            p = await self.packet()
+            if p.type == m.SUBACK:
+                return p
+
     async def closed_by_server(self, timeout: float) -> bool:
         """Whether the server closes the connection within `timeout` (input is discarded)."""
         try:
@@ -363,9 +371,7 @@ def store_request(args: tuple, response_topic: str, corr: bytes) -> bytes:
 async def store_flood(c: Conn, client_id: str, requests: list[tuple], window: int) -> dict:
     """Sends every request with at most `window` outstanding; counts the answers by kind."""
     response = f"abuse/{client_id}/response"
-    await c.send(m.subscribe(1, [(response, 0)]))
-    while (await c.packet()).type != m.SUBACK:
-        pass
+    await c.subscribe([(response, 0)])
     answers: dict[str, int] = {}
     outstanding = asyncio.Semaphore(window)
 
@@ -497,9 +503,7 @@ async def phase_sessions(port: int, scale: float, settings: dict) -> tuple[dict,
             ack = await c.connect(f"abuse-session-{i}", clean_start=True, props=props)
             if ack.reason != 0:
                 return ack.reason
-            await c.send(m.subscribe(1, [("abuse/fan/#", 1)]))
-            while (await c.packet()).type != m.SUBACK:
-                pass
+            await c.subscribe([("abuse/fan/#", 1)])
             await c.send(m.disconnect(0))
             return 0
         finally:
@@ -535,9 +539,7 @@ async def phase_nonreading(port: int, scale: float, settings: dict) -> tuple[dic
     for i in range(subs):
         c = await Conn.open(port)
         await c.connect(f"abuse-nonreading-{i}", props=[(m.RECEIVE_MAXIMUM, 65535)])
-        await c.send(m.subscribe(1, [("abuse/nr/#", 1)]))
-        while (await c.packet()).type != m.SUBACK:
-            pass
+        await c.subscribe([("abuse/nr/#", 1)])
         c.writer.transport.pause_reading()
         readers.append(c)
     pub = await Conn.open(port)
