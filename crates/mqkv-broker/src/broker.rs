@@ -161,7 +161,7 @@ impl Broker {
             stats.total_subscriptions += st.subscriptions.len() as u64;
         }
         stats.retained_messages = inner.retained.read().len() as u64;
-        stats.retained_bytes = inner.retained_bytes.load(Ordering::Relaxed);
+        stats.retained_bytes = inner.retained.read().bytes();
         stats.connections = crate::connection::KINDS
             .iter()
             .zip(&inner.live_by_kind)
@@ -176,15 +176,32 @@ impl Broker {
         crate::stats::PerThread::new(self.inner.threads.len())
     }
 
-    /// A counter that moves whenever retained messages or persistent sessions change, so a
-    /// saver can skip writing when nothing happened.
-    pub fn changes(&self) -> u64 {
+    /// A counter that moves whenever persistent sessions change, so a saver can skip writing
+    /// them when nothing happened.
+    pub fn session_changes(&self) -> u64 {
         self.inner.changes.load(Ordering::Relaxed)
     }
 
-    /// Retained messages and persistent sessions as plain data.
-    pub fn export_state(&self) -> crate::persist::BrokerState {
-        self.inner.export_state()
+    /// Persistent sessions, and the messages they hold, as plain data; `retained` is left
+    /// empty (see [`Broker::take_retained_changes`]).
+    pub fn export_sessions(&self) -> crate::persist::BrokerState {
+        self.inner.export_sessions()
+    }
+
+    /// The retained messages changed since the last call: all of them the first time, after
+    /// [`Broker::retained_changes_lost`], or after every retained message was dropped at once.
+    pub fn take_retained_changes(&self) -> crate::RetainedChanges {
+        self.inner.retained.write().take_changes()
+    }
+
+    /// Counts every retained message as changed again, for a saver whose last write failed.
+    pub fn retained_changes_lost(&self) {
+        self.inner.retained.write().all_changed();
+    }
+
+    /// Counts no retained message as changed: the ones imported are saved as they are.
+    pub fn retained_saved(&self) {
+        self.inner.retained.write().nothing_changed();
     }
 
     /// Loads saved state; call before binding listeners.

@@ -34,11 +34,6 @@ const DIRECT_WRITES_PER_PUBLISH: usize = 256;
 /// that serve its subscribers, one wake-up per thread for the whole publish.
 const DIRECT_REMOTE_WRITES: usize = 4;
 
-/// What a retained message counts for in `max_retained_bytes`: its topic and payload.
-fn retained_size(topic: &str, payload: &[u8]) -> u64 {
-    (topic.len() + payload.len()) as u64
-}
-
 /// Longest a new connection waits for the one it takes over to finish what it received.
 const HANDOVER_WAIT: Duration = Duration::from_secs(1);
 
@@ -72,9 +67,7 @@ pub(crate) struct Inner {
     pub auth: Arc<dyn Authenticator>,
     pub sessions: Mutex<HashMap<ClientId, Arc<Session>>>,
     pub subs: RwLock<SubTree<Arc<Session>>>,
-    pub(crate) retained: RwLock<HashMap<String, Arc<Message>>>,
-    /// Topic and payload bytes of the retained messages.
-    pub(crate) retained_bytes: AtomicU64,
+    pub(crate) retained: RwLock<crate::retained::Retained>,
     pub(crate) services: RwLock<Vec<ServiceClaim>>,
     /// Bumped, under the `services` lock, by every claim.
     pub(crate) services_version: AtomicU64,
@@ -84,7 +77,8 @@ pub(crate) struct Inner {
     /// polling its shutdown future on every packet (see `Conn::read_loop`).
     pub shutting_down: AtomicBool,
     pub live_connections: AtomicUsize,
-    /// Bumped on every change worth saving (see `Broker::changes`).
+    /// Bumped on every change to persistent sessions worth saving (see
+    /// `Broker::session_changes`).
     pub changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
     /// Slows down addresses that keep failing to authenticate.
@@ -129,8 +123,7 @@ impl Inner {
             auth,
             sessions: Mutex::new(HashMap::new()),
             subs: RwLock::new(SubTree::default()),
-            retained: RwLock::new(HashMap::new()),
-            retained_bytes: AtomicU64::new(0),
+            retained: RwLock::new(crate::retained::Retained::default()),
             services: RwLock::new(Vec::new()),
             services_version: AtomicU64::new(0),
             next_conn_id: AtomicU64::new(1),
@@ -223,36 +216,18 @@ impl Inner {
 
     /// Stores (or, with an empty payload, clears) the retained message of a topic.
     pub fn retain(&self, msg: Arc<Message>) {
-        let mut retained = self.retained.write();
-        let old = if msg.payload.is_empty() {
-            retained.remove(&msg.topic)
-        } else {
-            let size = retained_size(&msg.topic, &msg.payload);
-            self.retained_bytes.fetch_add(size, Ordering::Relaxed);
-            retained.insert(msg.topic.clone(), Arc::new(msg.compacted()))
-        };
-        if let Some(old) = old {
-            self.retained_bytes
-                .fetch_sub(retained_size(&old.topic, &old.payload), Ordering::Relaxed);
-        }
-        drop(retained);
-        self.touch();
+        self.retained.write().set(&msg);
     }
 
     /// Whether a retained message of `payload` on `topic` fits the limits on retained
     /// messages (`max_retained_messages`, `max_retained_bytes`), counting the one it replaces.
     pub(crate) fn retained_room(&self, topic: &str, payload: &[u8]) -> bool {
-        let retained = self.retained.read();
-        let old = retained.get(topic);
-        let count = retained.len() + usize::from(old.is_none());
-        let bytes = self.retained_bytes.load(Ordering::Relaxed) + retained_size(topic, payload)
-            - old.map_or(0, |m| retained_size(&m.topic, &m.payload));
-        count <= self.config.max_retained_messages && bytes <= self.config.max_retained_bytes
-    }
-
-    /// Every retained message.
-    pub fn retained_all(&self) -> Vec<Arc<Message>> {
-        self.retained.read().values().cloned().collect()
+        self.retained.read().room(
+            topic,
+            payload,
+            self.config.max_retained_messages,
+            self.config.max_retained_bytes,
+        )
     }
 
     /// Routes a message a service sends, as a client's publish would be routed.
@@ -287,11 +262,7 @@ impl Inner {
 
     /// Drops every retained message.
     pub(crate) fn clear_retained(&self) {
-        let mut retained = self.retained.write();
-        retained.clear();
-        self.retained_bytes.store(0, Ordering::Relaxed);
-        drop(retained);
-        self.touch();
+        self.retained.write().clear();
     }
 
     /// Routes a message to every matching subscription here and updates the retained store.
@@ -454,12 +425,7 @@ impl Inner {
         if !expired.is_empty() {
             let mut retained = self.retained.write();
             for t in expired {
-                if retained.get(&t).is_some_and(|m| m.expired(now)) {
-                    if let Some(old) = retained.remove(&t) {
-                        self.retained_bytes
-                            .fetch_sub(retained_size(&old.topic, &old.payload), Ordering::Relaxed);
-                    }
-                }
+                retained.remove_expired(&t, now);
             }
         }
         out

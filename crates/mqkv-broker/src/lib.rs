@@ -24,6 +24,7 @@ mod placement;
 mod policing;
 pub mod queue;
 pub mod replicated;
+mod retained;
 mod saved;
 pub mod service;
 mod session;
@@ -39,6 +40,7 @@ pub use config::{BrokerConfig, QueueFullPolicy, UserConfig};
 pub use placement::{
     release_freed_memory, release_freed_memory_periodically, set_release_freed_memory, LentThread,
 };
+pub use retained::RetainedChanges;
 pub use service::{
     ClientIdentity, Handled, OutboundMessage, Service, ServiceFuture, ServicePublish,
 };

@@ -83,9 +83,10 @@ impl Exporter {
 }
 
 impl Inner {
-    /// Takes a consistent-enough picture of retained messages and persistent sessions. Each
-    /// session is captured under its own lock.
-    pub(crate) fn export_state(&self) -> BrokerState {
+    /// Takes a consistent-enough picture of the persistent sessions and the messages they hold
+    /// (retained messages are saved on their own, see [`crate::RetainedChanges`]). Each session
+    /// is captured under its own lock.
+    pub(crate) fn export_sessions(&self) -> BrokerState {
         let mut ex = Exporter {
             clock: Clock::now(),
             state: BrokerState {
@@ -94,11 +95,6 @@ impl Inner {
             },
             ids: HashMap::new(),
         };
-        let retained: Vec<Arc<Message>> = self.retained_all();
-        for m in &retained {
-            let id = ex.message(m);
-            ex.state.retained.push(id);
-        }
         let sessions: Vec<Arc<Session>> = self.sessions.lock().values().cloned().collect();
         for s in sessions {
             let st = s.state.lock();

@@ -138,13 +138,16 @@ impl Server {
             StorageKind::Memory => None,
             StorageKind::Disk => {
                 let (store, state) = persistence::BrokerStore::open(&config.data_dir)?;
-                if let Some(state) = state {
+                if let Some(loaded) = state {
                     tracing::info!(
-                        retained = state.retained.len(),
-                        sessions = state.sessions.len(),
+                        retained = loaded.state.retained.len(),
+                        sessions = loaded.state.sessions.len(),
                         "broker state loaded"
                     );
-                    broker.import_state(state)?;
+                    broker.import_state(loaded.state)?;
+                    if loaded.retained_in_place {
+                        broker.retained_saved();
+                    }
                 }
                 let interval = Duration::from_millis(config.persist_interval_ms.max(10));
                 Some(persistence::Saver::start(store, broker.clone(), interval))

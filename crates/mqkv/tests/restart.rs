@@ -47,7 +47,8 @@ async fn collect(el: &mut EventLoop, n: usize) -> Vec<String> {
     got
 }
 
-/// Sets up: a retained message, and a persistent session with three messages queued for it.
+/// Sets up: retained messages, one of them replaced and one cleared after a save interval,
+/// and a persistent session with three messages queued for it.
 async fn prepare(port: u16) {
     let mut o = MqttOptions::new("keeper", "127.0.0.1", port);
     o.set_session_expiry_interval(Some(3600));
@@ -59,7 +60,20 @@ async fn prepare(port: u16) {
     settle(&mut el, Duration::from_millis(300)).await;
 
     let (p, mut pel) = AsyncClient::new(MqttOptions::new("producer", "127.0.0.1", port), 10);
-    p.publish("status/door", QoS::AtLeastOnce, true, "open")
+    for (topic, payload) in [
+        ("status/door", "open"),
+        ("status/light", "on"),
+        ("status/window", "open"),
+    ] {
+        p.publish(topic, QoS::AtLeastOnce, true, payload)
+            .await
+            .unwrap();
+    }
+    settle(&mut pel, Duration::from_millis(1500)).await;
+    p.publish("status/light", QoS::AtLeastOnce, true, "off")
+        .await
+        .unwrap();
+    p.publish("status/window", QoS::AtLeastOnce, true, "")
         .await
         .unwrap();
     for i in 0..3 {
@@ -81,8 +95,12 @@ async fn verify(port: u16) {
 
     let (s, mut sel) = AsyncClient::new(MqttOptions::new("late", "127.0.0.1", port), 10);
     s.subscribe("status/+", QoS::AtLeastOnce).await.unwrap();
-    let got = collect(&mut sel, 1).await;
-    assert_eq!(got, vec!["open"], "retained message survived");
+    let got = collect(&mut sel, 2).await;
+    assert_eq!(
+        got,
+        vec!["open", "off"],
+        "retained messages survived as last set, the cleared one stayed cleared"
+    );
 }
 
 #[tokio::test]
