@@ -486,6 +486,7 @@ fn init_logs(json: bool) {
 fn main() {
     let cli = Cli::try_parse().unwrap_or_else(|e| cli::exit_on_parse_error(e));
     init_logs(matches!(&cli.command, Command::Serve(args) if args.log_format == LogFormat::Json));
+    alloc::without_transparent_huge_pages();
     mqkv_server::set_after_snapshot(release_freed_memory);
     mqkv_broker::set_release_freed_memory(release_freed_memory);
     let result = match cli.command {
