@@ -179,7 +179,7 @@ impl Broker {
     /// A counter that moves whenever persistent sessions change, so a saver can skip writing
     /// them when nothing happened.
     pub fn session_changes(&self) -> u64 {
-        self.inner.changes.load(Ordering::Relaxed)
+        self.inner.session_changes.load(Ordering::Relaxed)
     }
 
     /// Persistent sessions, and the messages they hold, as plain data; `retained` is left

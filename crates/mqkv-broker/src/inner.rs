@@ -79,7 +79,7 @@ pub(crate) struct Inner {
     pub live_connections: AtomicUsize,
     /// Bumped on every change to persistent sessions worth saving (see
     /// `Broker::session_changes`).
-    pub changes: AtomicU64,
+    pub session_changes: AtomicU64,
     pub connection_closed: tokio::sync::Notify,
     /// Slows down addresses that keep failing to authenticate.
     pub(crate) throttle: crate::auth::Throttle,
@@ -130,7 +130,7 @@ impl Inner {
             shutdown,
             shutting_down: AtomicBool::new(false),
             live_connections: AtomicUsize::new(0),
-            changes: AtomicU64::new(0),
+            session_changes: AtomicU64::new(0),
             federation: std::sync::OnceLock::new(),
             connection_closed: tokio::sync::Notify::new(),
             handovers_unanswered: AtomicU64::new(0),
@@ -211,7 +211,7 @@ impl Inner {
     }
 
     pub fn touch(&self) {
-        self.changes.fetch_add(1, Ordering::Relaxed);
+        self.session_changes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Stores (or, with an empty payload, clears) the retained message of a topic.

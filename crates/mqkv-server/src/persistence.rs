@@ -186,36 +186,34 @@ impl BrokerStore {
                 txn.delete_table(RETAINED).map_err(|e| write_err(&e))?;
             }
             let mut table = txn.open_table(RETAINED).map_err(|e| write_err(&e))?;
+            let entries: Box<dyn Iterator<Item = (&str, Option<&Arc<mqkv_broker::Message>>)>> =
+                match retained {
+                    RetainedChanges::All(messages) => {
+                        Box::new(messages.iter().map(|m| (m.topic.as_str(), Some(m))))
+                    }
+                    RetainedChanges::Topics(topics) => {
+                        Box::new(topics.iter().map(|(t, m)| (t.as_str(), m.as_ref())))
+                    }
+                };
             // One buffer for every message, each written at once.
             let mut buf = Vec::new();
-            let mut put = |m: &mqkv_broker::Message| -> Result<(), PersistError> {
-                buf.clear();
-                buf = postcard::to_extend(&StoredMessage::of(m), std::mem::take(&mut buf))
-                    .map_err(|e| write_err(&e))?;
-                table
-                    .insert(m.topic.as_str(), buf.as_slice())
-                    .map_err(|e| write_err(&e))?;
-                Ok(())
-            };
-            match retained {
-                RetainedChanges::All(messages) => messages.iter().try_for_each(|m| put(m))?,
-                RetainedChanges::Topics(topics) => {
-                    let mut cleared = Vec::new();
-                    for (topic, m) in topics {
-                        match m {
-                            Some(m) => put(m)?,
-                            None => cleared.push(topic.as_str()),
-                        }
+            for (topic, message) in entries {
+                match message {
+                    Some(m) => {
+                        buf.clear();
+                        buf = postcard::to_extend(&StoredMessage::of(m), std::mem::take(&mut buf))
+                            .map_err(|e| write_err(&e))?;
+                        table.insert(topic, buf.as_slice())
                     }
-                    for topic in cleared {
-                        table.remove(topic).map_err(|e| write_err(&e))?;
-                    }
+                    None => table.remove(topic),
                 }
+                .map_err(|e| write_err(&e))?;
             }
         }
         txn.commit().map_err(|e| write_err(&e))
     }
 }
+
 /// Saves the broker state every `interval` while it changes. Returns a handle whose `finish`
 /// writes the last changes.
 pub struct Saver {
