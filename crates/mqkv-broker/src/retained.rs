@@ -80,19 +80,35 @@ impl Retained {
         }
     }
 
-    /// Stores `msg` as its topic's retained message or, with an empty payload, clears it.
+    /// Stores `msg` as its topic's retained message or, with an empty payload, clears it. The
+    /// message kept is a copy that shares no memory with the packet it came in.
     pub(crate) fn set(&mut self, msg: &Message) {
-        let old = if msg.payload.is_empty() {
-            self.map.remove(&msg.topic)
+        if msg.payload.is_empty() {
+            self.store(&msg.topic, None);
         } else {
-            self.bytes += size(&msg.topic, &msg.payload);
-            self.map
-                .insert(msg.topic.clone(), Arc::new(msg.compacted()))
+            self.store(&msg.topic, Some(Arc::new(msg.compacted())));
+        }
+    }
+
+    /// Stores `msg`, whose bytes are its own already (read back from disk), as its topic's
+    /// retained message.
+    pub(crate) fn keep(&mut self, msg: Arc<Message>) {
+        let topic = msg.topic.clone();
+        self.store(&topic, Some(msg));
+    }
+
+    fn store(&mut self, topic: &str, msg: Option<Arc<Message>>) {
+        let old = match msg {
+            None => self.map.remove(topic),
+            Some(m) => {
+                self.bytes += size(&m.topic, &m.payload);
+                self.map.insert(topic.to_owned(), m)
+            }
         };
         if let Some(old) = old {
             self.bytes -= size(&old.topic, &old.payload);
         }
-        self.changed(&msg.topic);
+        self.changed(topic);
     }
 
     /// Forgets the message of `topic` if it expired by `now`.
@@ -241,6 +257,20 @@ mod tests {
         r.remove_expired("a", Instant::now() + Duration::from_secs(1));
         assert_eq!(topics(r.take_changes()), vec![("a".into(), None)]);
         assert_eq!((r.len(), r.bytes()), (1, 2));
+    }
+
+    #[test]
+    fn a_message_read_back_is_kept_as_it_is_and_a_published_one_copied() {
+        let mut r = Retained::default();
+        let read_back = Arc::new(msg("a", b"1"));
+        r.keep(read_back.clone());
+        assert!(Arc::ptr_eq(r.get("a").expect("kept"), &read_back));
+        let published = msg("b", b"2");
+        r.set(&published);
+        let kept = r.get("b").expect("kept");
+        assert_ne!(kept.payload.as_ptr(), published.payload.as_ptr());
+        assert_eq!(kept.payload, published.payload);
+        assert_eq!((r.len(), r.bytes()), (2, 4));
     }
 
     #[test]

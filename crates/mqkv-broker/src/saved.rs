@@ -174,9 +174,12 @@ impl Inner {
                 subscription_ids: d.subscription_ids,
             })
         };
-        for i in state.retained {
-            let m = get(i)?;
-            self.retain(m);
+        {
+            // Read back from disk, each message owns its bytes already: kept without a copy.
+            let mut retained = self.retained.write();
+            for i in state.retained {
+                retained.keep(get(i)?);
+            }
         }
         let now = Instant::now();
         for s in state.sessions {
