@@ -11,20 +11,7 @@ use mqkv_protocol::{Command, Hlc};
 use mqkv_raft::{ApplyHook, ClusterOptions, NodeOptions, Role, StoreNode};
 use mqkv_store::{Entry, Op, Request, StoreConfig};
 
-/// A free port below the kernel's ephemeral range, so no port-0 socket elsewhere can take it
-/// before the node binds it; each test process probes from its own offset.
-fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id().wrapping_mul(7_919);
-    loop {
-        let port =
-            (10_000 + start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % 22_000) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
+use mqkv_testkit::free_port;
 
 fn no_hook() -> ApplyHook {
     Arc::new(|_, _| {})

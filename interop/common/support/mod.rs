@@ -17,6 +17,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+// Cluster nodes' addresses must be known to their peers before they start: `free_port` picks
+// them below the ephemeral range, so the port-0 listeners and outgoing connections of tests
+// running beside them cannot take one first.
+use mqkv_testkit::free_port;
+
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
 use azure_iot_operations_mqtt::control_packet::{
     DeliveryQoS, Publish, QoS, RetainOptions, SubscribeProperties, TopicFilter,
@@ -113,14 +118,6 @@ fn make_certs(dir: &PathBuf) {
             ),
         );
     }
-}
-
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// The server binary, the log file and a fresh working directory for the server of test

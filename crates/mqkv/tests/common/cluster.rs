@@ -12,25 +12,7 @@ use serde_json::Value;
 use super::store::Client;
 use super::ServerProcess;
 
-/// A port nobody listens on now, chosen below the kernel's ephemeral range (which starts at 32768
-/// on Linux). A socket bound to port 0 elsewhere (another test's server, an outgoing connection)
-/// therefore cannot take it between this choice and the node's own bind. Each test process starts
-/// probing at its own offset, so two processes choosing at once rarely meet either.
-pub fn free_port() -> u16 {
-    use std::sync::atomic::AtomicU32;
-    const LOW: u32 = 10_000;
-    const SPAN: u32 = 22_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let start = std::process::id().wrapping_mul(7_919) % SPAN;
-    loop {
-        let step = NEXT.fetch_add(1, Ordering::Relaxed);
-        assert!(step < SPAN, "no free port below the ephemeral range");
-        let port = (LOW + (start + step) % SPAN) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-}
+pub use mqkv_testkit::free_port;
 
 pub struct Node {
     pub id: u64,
