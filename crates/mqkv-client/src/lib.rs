@@ -52,6 +52,7 @@ mod observe;
 mod options;
 mod pattern;
 mod scan;
+mod watch;
 
 pub use client::{
     Client, ConnectionStatus, DelOutcome, SetOutcome, StatusWatch, VDelOutcome, Versioned,

@@ -31,6 +31,7 @@ use tokio::sync::mpsc;
 use crate::client::{Client, Versioned};
 use crate::connection::{Answer, Shared};
 use crate::error::{Error, Result};
+use crate::watch::{Target, Watch};
 
 /// What happened to an observed key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,7 +125,7 @@ impl Registry {
     }
 
     /// Removes a local subscriber; true if it was the key's last one.
-    fn remove(&mut self, key: &Bytes, id: u64) -> bool {
+    pub(crate) fn remove(&mut self, key: &Bytes, id: u64) -> bool {
         let Some(watched) = self.keys.get_mut(key) else {
             return false;
         };
@@ -136,6 +137,11 @@ impl Registry {
             return true;
         }
         false
+    }
+
+    /// True if the key has a local subscriber.
+    pub(crate) fn watches_key(&self, key: &Bytes) -> bool {
+        self.keys.contains_key(key)
     }
 
     /// Every observed key, with the newest version seen of it.
@@ -264,18 +270,14 @@ pub(crate) fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, Registry> {
 /// registration, in the background. Notifications are buffered without
 /// limit until read.
 pub struct Observation {
-    key: Bytes,
-    id: u64,
-    rx: mpsc::UnboundedReceiver<KeyNotification>,
+    watch: Watch,
     initial: Option<Versioned>,
-    /// `None` once unobserved.
-    client: Option<Client>,
 }
 
 impl std::fmt::Debug for Observation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Observation")
-            .field("key", &self.key)
+            .field("key", self.key())
             .field("initial", &self.initial)
             .finish_non_exhaustive()
     }
@@ -291,7 +293,7 @@ impl Observation {
     /// # Ok(()) }
     /// ```
     pub fn key(&self) -> &Bytes {
-        &self.key
+        self.watch.target().name()
     }
 
     /// The key's value and version when the observation started (`None` if
@@ -320,7 +322,7 @@ impl Observation {
     /// # Ok(()) }
     /// ```
     pub async fn recv(&mut self) -> Option<KeyNotification> {
-        self.rx.recv().await
+        self.watch.recv().await
     }
 
     /// Like [`Observation::recv`], giving up after `timeout` with `Ok(None)`;
@@ -336,11 +338,7 @@ impl Observation {
     /// # Ok(()) }
     /// ```
     pub async fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<KeyNotification>> {
-        match tokio::time::timeout(timeout, self.rx.recv()).await {
-            Ok(Some(change)) => Ok(Some(change)),
-            Ok(None) => Err(Error::Closed),
-            Err(_) => Ok(None),
-        }
+        self.watch.recv_timeout(timeout).await
     }
 
     /// Stops observing: withdraws the server registration if this was the
@@ -352,17 +350,8 @@ impl Observation {
     /// observation.unobserve().await?;
     /// # Ok(()) }
     /// ```
-    pub async fn unobserve(mut self) -> Result<()> {
-        let Some(client) = self.client.take() else {
-            return Ok(());
-        };
-        let shared = client.shared();
-        let _guard = shared.observe_lock.lock().await;
-        let last = lock(shared).remove(&self.key, self.id);
-        if last {
-            stop(shared, &self.key, client.timeout()).await?;
-        }
-        Ok(())
+    pub async fn unobserve(self) -> Result<()> {
+        self.watch.unobserve().await
     }
 }
 
@@ -370,37 +359,12 @@ impl futures_core::Stream for Observation {
     type Item = KeyNotification;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<KeyNotification>> {
-        self.rx.poll_recv(cx)
+        self.watch.poll_recv(cx)
     }
 }
 
-impl Drop for Observation {
-    fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        let last = lock(client.shared()).remove(&self.key, self.id);
-        if !last {
-            return;
-        }
-        // Withdraw the registration in the background, unless someone
-        // observes the key again before the task gets the lock.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let key = self.key.clone();
-        runtime.spawn(async move {
-            let shared = client.shared();
-            let _guard = shared.observe_lock.lock().await;
-            let still_unobserved = !lock(shared).keys.contains_key(&key);
-            if still_unobserved {
-                let _ = stop(shared, &key, client.timeout()).await;
-            }
-        });
-    }
-}
-
-async fn stop(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
+/// `KEYNOTIFY key STOP`.
+pub(crate) async fn stop(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
     let command = Command::KeyNotify {
         key: key.clone(),
         stop: true,
@@ -494,11 +458,8 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
                 lock(shared).baseline(&key, current.as_ref(), seq);
             }
             Ok(Observation {
-                key,
-                id,
-                rx,
+                watch: Watch::new(Target::Key(key), id, rx, client.clone()),
                 initial: current,
-                client: Some(client.clone()),
             })
         }
         Err(e) => {
@@ -516,7 +477,7 @@ pub(crate) async fn observe_since(client: &Client, key: Bytes, since: Hlc) -> Re
     if lock(shared).closed {
         return Err(Error::Closed);
     }
-    if lock(shared).keys.contains_key(&key) {
+    if lock(shared).watches_key(&key) {
         return Err(Error::InvalidArgument(
             "the key is already observed by this client: resume before observing it".into(),
         ));
@@ -526,11 +487,8 @@ pub(crate) async fn observe_since(client: &Client, key: Bytes, since: Hlc) -> Re
     lock(shared).note_version(&key, &since);
     match resume(shared, &key, &since, client.timeout()).await {
         Ok(true) => Ok(Observation {
-            key,
-            id,
-            rx,
+            watch: Watch::new(Target::Key(key), id, rx, client.clone()),
             initial: None,
-            client: Some(client.clone()),
         }),
         Ok(false) => {
             lock(shared).remove(&key, id);

@@ -21,6 +21,7 @@ use crate::client::Client;
 use crate::connection::Shared;
 use crate::error::{Error, Result};
 use crate::observe::KeyNotification;
+use crate::watch::{Target, Watch};
 
 /// The local subscribers of one pattern.
 struct Watched {
@@ -58,7 +59,7 @@ impl Patterns {
     }
 
     /// Removes a subscriber; true if it was the pattern's last.
-    fn remove(&mut self, pattern: &Bytes, id: u64) -> bool {
+    pub(crate) fn remove(&mut self, pattern: &Bytes, id: u64) -> bool {
         let Some(watched) = self.by_pattern.get_mut(pattern) else {
             return false;
         };
@@ -72,7 +73,7 @@ impl Patterns {
         false
     }
 
-    fn contains(&self, pattern: &Bytes) -> bool {
+    pub(crate) fn contains(&self, pattern: &Bytes) -> bool {
         self.by_pattern.contains_key(pattern)
     }
 
@@ -111,17 +112,13 @@ impl Patterns {
 /// also withdraws the registration, in the background). Notifications are buffered without
 /// limit until read.
 pub struct PatternObservation {
-    pattern: Bytes,
-    id: u64,
-    rx: mpsc::UnboundedReceiver<KeyNotification>,
-    /// `None` once unobserved.
-    client: Option<Client>,
+    watch: Watch,
 }
 
 impl std::fmt::Debug for PatternObservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PatternObservation")
-            .field("pattern", &self.pattern)
+            .field("pattern", self.pattern())
             .finish_non_exhaustive()
     }
 }
@@ -129,7 +126,7 @@ impl std::fmt::Debug for PatternObservation {
 impl PatternObservation {
     /// The observed pattern.
     pub fn pattern(&self) -> &Bytes {
-        &self.pattern
+        self.watch.target().name()
     }
 
     /// The next change of a matching key; `None` once the client is closed.
@@ -143,34 +140,19 @@ impl PatternObservation {
     /// # Ok(()) }
     /// ```
     pub async fn recv(&mut self) -> Option<KeyNotification> {
-        self.rx.recv().await
+        self.watch.recv().await
     }
 
     /// Like [`PatternObservation::recv`], giving up after `timeout` with `Ok(None)`;
     /// `Err(Error::Closed)` once the client is closed.
     pub async fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<KeyNotification>> {
-        match tokio::time::timeout(timeout, self.rx.recv()).await {
-            Ok(Some(change)) => Ok(Some(change)),
-            Ok(None) => Err(Error::Closed),
-            Err(_) => Ok(None),
-        }
+        self.watch.recv_timeout(timeout).await
     }
 
     /// Stops watching: withdraws the server registration if this was the pattern's last
     /// local watch.
-    pub async fn unobserve(mut self) -> Result<()> {
-        let Some(client) = self.client.take() else {
-            return Ok(());
-        };
-        let shared = client.shared();
-        let _guard = shared.observe_lock.lock().await;
-        let last = crate::observe::registry(shared)
-            .patterns
-            .remove(&self.pattern, self.id);
-        if last {
-            request(shared, &self.pattern, true, client.timeout()).await?;
-        }
-        Ok(())
+    pub async fn unobserve(self) -> Result<()> {
+        self.watch.unobserve().await
     }
 }
 
@@ -178,32 +160,7 @@ impl futures_core::Stream for PatternObservation {
     type Item = KeyNotification;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<KeyNotification>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
-impl Drop for PatternObservation {
-    fn drop(&mut self) {
-        let Some(client) = self.client.take() else {
-            return;
-        };
-        let last = crate::observe::registry(client.shared())
-            .patterns
-            .remove(&self.pattern, self.id);
-        if !last {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let pattern = self.pattern.clone();
-        runtime.spawn(async move {
-            let shared = client.shared();
-            let _guard = shared.observe_lock.lock().await;
-            if !crate::observe::registry(shared).patterns.contains(&pattern) {
-                let _ = request(shared, &pattern, true, client.timeout()).await;
-            }
-        });
+        self.watch.poll_recv(cx)
     }
 }
 
@@ -280,10 +237,7 @@ pub(crate) async fn observe(
         return Err(e);
     }
     Ok(PatternObservation {
-        pattern,
-        id,
-        rx,
-        client: Some(client.clone()),
+        watch: Watch::new(Target::Pattern(pattern), id, rx, client.clone()),
     })
 }
 

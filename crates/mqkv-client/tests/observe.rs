@@ -109,6 +109,66 @@ async fn observing_again_after_unobserve_reports_each_change_once() {
     nothing_within(&mut obs, Duration::from_millis(500)).await;
 }
 
+/// Tries `open` until it succeeds within [`WAIT`]; panics with its last error otherwise.
+async fn eventually<T, F, Fut>(what: &str, mut open: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, mqkv_client::Error>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        match open().await {
+            Ok(v) => return v,
+            Err(e) if start.elapsed() > WAIT => panic!("{what}: still refused: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// Dropping the last observation of a key or pattern withdraws the server registration in the
+/// background; ending it with `unobserve` withdraws it at once. The server allows one
+/// registration of each kind here, so a second is refused until the first is withdrawn.
+#[tokio::test]
+async fn ending_or_dropping_a_watch_withdraws_its_registration() {
+    let server = Server::start_flags(&["--max-observed-keys", "1", "--max-observed-patterns", "1"]);
+    let client = server.client("obs-drop").await;
+
+    let a = client.observe("a").await.unwrap();
+    assert!(client.observe("b").await.is_err(), "one key at a time");
+    drop(a);
+    let b = eventually("observe b after dropping a", || client.observe("b")).await;
+    b.unobserve().await.unwrap();
+    let c = client.observe("c").await.expect("observe c after ending b");
+
+    let sensors = client.observe_pattern("sensors/*").await.unwrap();
+    assert!(
+        client.observe_pattern("doors/*").await.is_err(),
+        "one pattern at a time"
+    );
+    drop(sensors);
+    let doors = eventually("watch doors/* after dropping sensors/*", || {
+        client.observe_pattern("doors/*")
+    })
+    .await;
+    doors.unobserve().await.unwrap();
+    let mut lights = client
+        .observe_pattern("lights/*")
+        .await
+        .expect("watch lights/* after ending doors/*");
+
+    // What is still open works.
+    client.set("c", "1").await.unwrap();
+    client.set("lights/hall", "on").await.unwrap();
+    let mut c = c;
+    assert_eq!(next(&mut c).await.operation, set_of("1"));
+    let change = lights
+        .recv_timeout(WAIT)
+        .await
+        .expect("client open")
+        .expect("a notification in time");
+    assert_eq!(change.key, Bytes::from_static(b"lights/hall"));
+}
+
 /// The observer is away (server killed and restarted on the same port)
 /// while another client changes the key: the observer reports the change
 /// as a synthesized SET when it comes back.

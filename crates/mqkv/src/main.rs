@@ -151,6 +151,9 @@ struct ServeArgs {
     /// State store: most keys one connection may observe with KEYNOTIFY (default 10000).
     #[arg(long, value_name = "N")]
     max_observed_keys: Option<usize>,
+    /// State store: most pattern watches (`KEYNOTIFY pattern`) one connection may have (default 16).
+    #[arg(long, value_name = "N")]
+    max_observed_patterns: Option<usize>,
     /// State store: write a snapshot once the log since the last one outgrows this many bytes
     /// and that snapshot (default 64 MiB).
     #[arg(long, value_name = "N")]
@@ -381,6 +384,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.max_observed_keys {
             c.state_store.max_observed_keys = v;
+        }
+        if let Some(v) = self.max_observed_patterns {
+            c.state_store.max_observed_patterns = v;
         }
         if let Some(v) = self.snapshot_log_bytes {
             c.state_store.snapshot_log_bytes = v;

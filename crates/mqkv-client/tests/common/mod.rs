@@ -44,17 +44,22 @@ impl Server {
 
     /// `mqkv serve --listen <addr>`; waits for the `listening on` line.
     pub fn start_on(addr: &str) -> Server {
-        Server::start_with(addr, None)
+        Server::start_with(addr, None, &[])
+    }
+
+    /// `mqkv serve --listen 127.0.0.1:0` with more flags.
+    pub fn start_flags(flags: &[&str]) -> Server {
+        Server::start_with("127.0.0.1:0", None, flags)
     }
 
     /// A server that keeps its data in `dir` (`--storage disk`), so a restart keeps it too.
     pub fn start_durable(dir: &std::path::Path) -> Server {
-        Server::start_with("127.0.0.1:0", Some(dir.to_path_buf()))
+        Server::start_with("127.0.0.1:0", Some(dir.to_path_buf()), &[])
     }
 
-    fn start_with(addr: &str, data_dir: Option<PathBuf>) -> Server {
+    fn start_with(addr: &str, data_dir: Option<PathBuf>, flags: &[&str]) -> Server {
         let mut command = Command::new(mqkv_bin());
-        command.args(["serve", "--listen", addr]);
+        command.args(["serve", "--listen", addr]).args(flags);
         match &data_dir {
             Some(dir) => command.args(["--storage", "disk", "--data-dir"]).arg(dir),
             None => command.args(["--storage", "memory"]),
@@ -97,7 +102,7 @@ impl Server {
         // The port was just freed; give the bind a few tries.
         let mut last = None;
         for _ in 0..50 {
-            match std::panic::catch_unwind(|| Server::start_with(&addr, data_dir.clone())) {
+            match std::panic::catch_unwind(|| Server::start_with(&addr, data_dir.clone(), &[])) {
                 Ok(server) => {
                     *self = server;
                     return;
