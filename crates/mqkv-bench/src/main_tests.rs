@@ -1,4 +1,5 @@
 use super::*;
+use crate::workloads::KvMode;
 
 fn binaries(redis: bool) -> Binaries {
     Binaries {
