@@ -7,6 +7,7 @@ Every test starts its own three `mqkv serve` processes (durable storage, loopbac
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -20,10 +21,24 @@ SESSION_TAKEN_OVER = 0x8E
 NO_MATCHING_SUBSCRIBERS = 0x10
 
 
+_next_port = 10_000 + (os.getpid() * 7_919) % 22_000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, for a cluster node's address, which its peers must know
+    before it starts. Chosen below the kernel's ephemeral range (32768 and up), so the port-0
+    listeners and outgoing connections of the nodes starting meanwhile cannot take it first."""
+    global _next_port
+    for _ in range(22_000):
+        port = _next_port
+        _next_port = 10_000 + (_next_port - 10_000 + 1) % 22_000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def status(node) -> dict | None:
