@@ -6,7 +6,6 @@
 //! the first `write` neither fails nor makes the hook see old entries.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,100 +14,22 @@ use mqkv_store::{Entry, StateMachine, StoreConfig};
 use openraft::error::Fatal;
 use openraft::{BasicNode, Raft, SnapshotPolicy};
 
-use crate::cluster::{self, Cluster, ClusterOptions, MembershipError};
-use crate::files::{self, corrupt, io_error, read_meta, FileKind, Location};
-use crate::log_store::{LogShared, LogStore};
+use crate::cluster::{self, Cluster, MembershipError};
+use crate::files::Location;
+use crate::log_store::LogShared;
 use crate::network::Network;
 use crate::peer::Peers;
 use crate::proposer::{PendingWrite, Proposer};
 use crate::route::{ReadBarrier, Route};
-use crate::runtime::{RaftThread, SharedThread};
-use crate::snapshot_file::{self, SnapshotFile, StoredSnapshot, STORE_CONFIG_META};
-use crate::state_machine::{AppliedState, Keep, StateMachineStore, StateShared};
+use crate::runtime::RaftThread;
+use crate::state_machine::{StateMachineStore, StateShared};
 use crate::stats::{Counters, StoreStats};
 use crate::status::ClusterStatus;
-use crate::types::{LogId, Membership, NodeId, TypeConfig, DEFAULT_NODE_ID};
-use crate::{legacy_log, log_file};
+use crate::types::{NodeId, TypeConfig};
 use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
 
-/// Tuning of a store. The defaults suit a server; tests shrink the
-/// snapshot interval to exercise snapshots and purging quickly.
-#[derive(Debug, Clone)]
-pub struct NodeOptions {
-    /// Raft node id of a newly created store. An existing store keeps the
-    /// id it was created with.
-    pub node_id: NodeId,
-    /// Address other nodes reach this one at, recorded in the membership
-    /// when the store is created.
-    pub advertise_addr: String,
-    /// Build a snapshot once this many log entries were applied since the
-    /// last one. A log entry carries one write, or several written
-    /// concurrently (group commit). Should a snapshot take so long that
-    /// twice this many entries follow the newest one, writes wait for it
-    /// (up to 5 s).
-    pub snapshot_every: u64,
-    /// Also build a snapshot once the log written since the last one is
-    /// larger than this many bytes and than that snapshot (so a run of big
-    /// values cannot make the log outgrow the state it leads to).
-    pub snapshot_log_bytes: u64,
-    /// Log entries kept behind the latest snapshot (so a follower that lags
-    /// a little catches up from the log, not a snapshot).
-    pub logs_kept_after_snapshot: u64,
-    /// Start a new log segment file once the current one is this long.
-    /// Segments are deleted whole once a snapshot covers every entry in
-    /// them.
-    pub log_segment_bytes: u64,
-    /// How long opening waits for a one-member group to elect this node.
-    pub ready_timeout: Duration,
-    /// A state of at least this many keys is snapshotted piecewise: frozen
-    /// at one moment and serialized a piece at a time, writes going on
-    /// between the pieces. Serialized whole, a million keys would hold
-    /// writes up for a large fraction of a second.
-    pub piecewise_snapshot_keys: usize,
-    /// Run raft on this thread instead of one of its own (see
-    /// [`SharedThread`]); the log's appends are then made durable while the
-    /// thread goes on: as direct writes (see `direct_log_writes`), or
-    /// synced on a thread of their own.
-    pub thread: Option<SharedThread>,
-    /// With `thread`, write the log's appends with direct I/O through
-    /// io_uring (`O_DIRECT`, `RWF_DSYNC`: durable when done, no page cache
-    /// copy, no sync thread), where the system allows it; otherwise, or if
-    /// false, through the page cache and an `fdatasync` on a sync thread.
-    pub direct_log_writes: bool,
-    /// Run as a member of a group of several nodes (see
-    /// [`ClusterOptions`]); `None` is a one-member group that talks to
-    /// nobody. `node_id` is then the node's id in the group.
-    pub cluster: Option<ClusterOptions>,
-}
-
-impl Default for NodeOptions {
-    fn default() -> Self {
-        NodeOptions {
-            node_id: DEFAULT_NODE_ID,
-            advertise_addr: String::new(),
-            snapshot_every: 10_000,
-            snapshot_log_bytes: 64 << 20,
-            logs_kept_after_snapshot: 1_000,
-            log_segment_bytes: 64 << 20,
-            ready_timeout: Duration::from_secs(30),
-            piecewise_snapshot_keys: 10_000,
-            thread: None,
-            direct_log_writes: true,
-            cluster: None,
-        }
-    }
-}
-
-impl NodeOptions {
-    /// The defaults of a memory store (see [`StoreNode::open_memory`]).
-    pub fn memory() -> NodeOptions {
-        NodeOptions {
-            snapshot_every: 1_000,
-            logs_kept_after_snapshot: 0,
-            ..NodeOptions::default()
-        }
-    }
-}
+use crate::options::NodeOptions;
+use crate::recover::{recover, start_error, Recovered};
 
 /// A running store: the replicated log and the state machine behind it.
 /// Cheap to clone; all clones are the same store.
@@ -414,10 +335,6 @@ pub(crate) fn fatal_error(fatal: Fatal<NodeId>) -> WriteError {
     }
 }
 
-fn start_error(e: impl std::fmt::Display) -> OpenError {
-    OpenError::Start(e.to_string())
-}
-
 async fn open(
     location: Location,
     config: StoreConfig,
@@ -644,185 +561,4 @@ async fn become_ready(
         .await
         .map_err(start_error)?;
     metrics.running_state.map_err(start_error)
-}
-
-/// Files opened and checked, state rebuilt from the snapshot: what raft
-/// starts from.
-pub(crate) struct Recovered {
-    pub(crate) log: LogStore,
-    pub(crate) state: Arc<StateShared>,
-    pub(crate) node_id: NodeId,
-    pub(crate) last_index: Option<u64>,
-    pub(crate) log_path: PathBuf,
-}
-
-pub(crate) fn recover(
-    location: &Location,
-    config: StoreConfig,
-    options: &NodeOptions,
-    counters: Arc<Counters>,
-) -> Result<Recovered, OpenError> {
-    if let Location::Disk(dir) = location {
-        fs::create_dir_all(dir).map_err(|e| io_error(dir, e))?;
-    }
-    // Existing files are checked before anything is created, so a refused
-    // directory gains no new file.
-    let log = match location {
-        Location::Disk(dir) => {
-            legacy_log::convert(dir)?;
-            log_file::open(dir, options.log_segment_bytes)?
-        }
-        Location::Memory => None,
-    };
-    let state_file = files::open_existing(location, FileKind::State)?;
-    let snapshot = match &state_file {
-        Some(file) => snapshot_file::load(&file.db, &file.path)?,
-        None => None,
-    };
-    let (last_purged, log_is_new) = match &log {
-        Some((_, loaded)) => (loaded.last_purged, loaded.is_new()),
-        None => (None, true),
-    };
-    check_consistency(location, last_purged, log_is_new, snapshot.as_ref())?;
-    let log = match (location, log) {
-        (_, Some(log)) => Some(log),
-        (Location::Disk(dir), None) => Some(log_file::create(
-            dir,
-            options.node_id,
-            options.log_segment_bytes,
-        )?),
-        (Location::Memory, None) => None,
-    };
-    let state_file = match state_file {
-        Some(file) => file,
-        None => {
-            let config_bytes = postcard::to_stdvec(&config).map_err(start_error)?;
-            files::create(
-                location,
-                FileKind::State,
-                &[(STORE_CONFIG_META, config_bytes)],
-            )?
-        }
-    };
-    let node_id = match &log {
-        Some((_, loaded)) => loaded.node_id,
-        None => options.node_id,
-    };
-    if options.cluster.is_some() && node_id != options.node_id {
-        // A node answering to another id would vote and hold log entries
-        // under a name the group gave to someone else.
-        return Err(OpenError::Inconsistent {
-            dir: location.dir(),
-            reason: format!(
-                "it belongs to node {node_id}, but this node was started as node {}",
-                options.node_id
-            ),
-        });
-    }
-    let stored_config = read_meta(&state_file.db, STORE_CONFIG_META, &state_file.path)?
-        .ok_or_else(|| corrupt(&state_file.path, "it records no store configuration"))?;
-    let stored_config: StoreConfig = postcard::from_bytes(&stored_config).map_err(|e| {
-        corrupt(
-            &state_file.path,
-            format!("its store configuration does not decode: {e}"),
-        )
-    })?;
-    if stored_config.node_id != config.node_id {
-        // Versions must keep their node id for the life of the store.
-        tracing::warn!(
-            store = %state_file.path.display(),
-            stored = %stored_config.node_id,
-            given = %config.node_id,
-            "the store keeps the node id it was created with"
-        );
-    }
-    // Entries are replayed under the configuration they were first applied
-    // under; new limits take effect through an `Op::SetLimits` entry that the
-    // caller proposes after recovery.
-
-    let state = match &snapshot {
-        Some((meta, data)) => AppliedState {
-            machine: postcard::from_bytes(data).map_err(|e| {
-                corrupt(
-                    &state_file.path,
-                    format!("the snapshot does not decode: {e}"),
-                )
-            })?,
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-        },
-        None => AppliedState {
-            machine: StateMachine::new(stored_config),
-            last_applied: None,
-            membership: Membership::default(),
-        },
-    };
-    let last_index = log.as_ref().and_then(|(_, loaded)| loaded.last_index());
-    let log_path = location.log_path();
-    let log = LogStore::start(
-        log,
-        log_path.clone(),
-        counters.clone(),
-        options.thread.is_some(),
-        options.direct_log_writes,
-    );
-    let shared = StateShared::new(
-        state,
-        SnapshotFile::new(state_file.db, state_file.path),
-        snapshot,
-        counters,
-        match location {
-            Location::Disk(_) => Keep::Data,
-            Location::Memory => Keep::MetaOnly,
-        },
-        options.piecewise_snapshot_keys,
-    );
-    Ok(Recovered {
-        log,
-        state: Arc::new(shared),
-        node_id,
-        last_index,
-        log_path,
-    })
-}
-
-/// The log and the snapshot must describe one history: entries the log
-/// purged must be inside the snapshot, and a snapshot needs the log (with
-/// its vote) it was taken from.
-fn check_consistency(
-    location: &Location,
-    last_purged: Option<LogId>,
-    log_is_new: bool,
-    snapshot: Option<&StoredSnapshot>,
-) -> Result<(), OpenError> {
-    let log_path = location.log_path();
-    let state_path = location.path(FileKind::State);
-    let snapshot_end = snapshot.and_then(|(meta, _)| meta.last_log_id);
-    let inconsistent = |reason: String| OpenError::Inconsistent {
-        dir: location.dir(),
-        reason,
-    };
-    if let Some(purged) = last_purged {
-        if snapshot_end < Some(purged) {
-            let covered = match snapshot_end {
-                Some(end) => format!("its snapshot ends at entry {}", end.index),
-                None => "it holds no snapshot".to_string(),
-            };
-            return Err(inconsistent(format!(
-                "{} is purged up to entry {}, but {} {covered}: entries in between are lost",
-                log_path.display(),
-                purged.index,
-                state_path.display(),
-            )));
-        }
-    }
-    if let (true, Some(end)) = (log_is_new, snapshot_end) {
-        return Err(inconsistent(format!(
-            "{} holds a snapshot up to entry {}, but {} is empty: the log file was lost or replaced",
-            state_path.display(),
-            end.index,
-            log_path.display(),
-        )));
-    }
-    Ok(())
 }

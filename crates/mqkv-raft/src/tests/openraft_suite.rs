@@ -9,7 +9,7 @@ use tempfile::TempDir;
 use super::config;
 use crate::files::Location;
 use crate::log_store::LogStore;
-use crate::node::recover;
+use crate::recover::recover;
 use crate::state_machine::StateMachineStore;
 use crate::stats::Counters;
 use crate::types::{StorageError, TypeConfig};
