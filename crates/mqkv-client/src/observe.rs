@@ -253,13 +253,9 @@ impl Registry {
     }
 }
 
-fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Registry> {
-    shared.observers.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The observation registry of a client's connection.
 pub(crate) fn registry(shared: &Shared) -> std::sync::MutexGuard<'_, Registry> {
-    lock(shared)
+    shared.observers.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A stream of changes to one key, from [`Client::observe`].
@@ -363,24 +359,6 @@ impl futures_core::Stream for Observation {
     }
 }
 
-/// `KEYNOTIFY key STOP`.
-pub(crate) async fn stop(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
-    let command = Command::KeyNotify {
-        key: key.clone(),
-        stop: true,
-    };
-    let answer = shared.call(&command, None, timeout).await?;
-    match answer.response {
-        // `:0` (and `$-1`): the server had no registration, for example
-        // because it restarted. The key is unobserved either way.
-        Response::Ok | Response::Integer(0) | Response::Nil => Ok(()),
-        other => Err(Error::protocol(
-            "KEYNOTIFY",
-            format!("unexpected answer {other:?}"),
-        )),
-    }
-}
-
 /// `KEYNOTIFY key SINCE version`: the server sends the changes after `since` as notifications
 /// before it answers. False when it cannot: the caller then reads the key instead.
 async fn resume(shared: &Shared, key: &Bytes, since: &Hlc, timeout: Duration) -> Result<bool> {
@@ -432,11 +410,11 @@ async fn start(shared: &Shared, key: &Bytes, timeout: Duration) -> Result<()> {
 pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> {
     let shared = client.shared();
     let _guard = shared.observe_lock.lock().await;
-    if lock(shared).closed {
+    if registry(shared).closed {
         return Err(Error::Closed);
     }
     let (tx, rx) = mpsc::unbounded_channel();
-    let (id, first) = lock(shared).add(&key, tx);
+    let (id, first) = registry(shared).add(&key, tx);
     let read = async {
         if first {
             start(shared, &key, client.timeout()).await?;
@@ -445,7 +423,9 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
             Ok(read) => Ok(read),
             Err(e) => {
                 if first {
-                    let _ = stop(shared, &key, client.timeout()).await;
+                    let _ = Target::Key(key.clone())
+                        .withdraw(shared, client.timeout())
+                        .await;
                 }
                 Err(e)
             }
@@ -455,7 +435,7 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
     match read {
         Ok((current, seq)) => {
             if first {
-                lock(shared).baseline(&key, current.as_ref(), seq);
+                registry(shared).baseline(&key, current.as_ref(), seq);
             }
             Ok(Observation {
                 watch: Watch::new(Target::Key(key), id, rx, client.clone()),
@@ -463,7 +443,7 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
             })
         }
         Err(e) => {
-            lock(shared).remove(&key, id);
+            registry(shared).remove(&key, id);
             Err(e)
         }
     }
@@ -474,30 +454,30 @@ pub(crate) async fn observe(client: &Client, key: Bytes) -> Result<Observation> 
 pub(crate) async fn observe_since(client: &Client, key: Bytes, since: Hlc) -> Result<Observation> {
     let shared = client.shared();
     let _guard = shared.observe_lock.lock().await;
-    if lock(shared).closed {
+    if registry(shared).closed {
         return Err(Error::Closed);
     }
-    if lock(shared).watches_key(&key) {
+    if registry(shared).watches_key(&key) {
         return Err(Error::InvalidArgument(
             "the key is already observed by this client: resume before observing it".into(),
         ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
-    let (id, _) = lock(shared).add(&key, tx);
-    lock(shared).note_version(&key, &since);
+    let (id, _) = registry(shared).add(&key, tx);
+    registry(shared).note_version(&key, &since);
     match resume(shared, &key, &since, client.timeout()).await {
         Ok(true) => Ok(Observation {
             watch: Watch::new(Target::Key(key), id, rx, client.clone()),
             initial: None,
         }),
         Ok(false) => {
-            lock(shared).remove(&key, id);
+            registry(shared).remove(&key, id);
             Err(Error::Server(crate::ServerError::Known(
                 mqkv_protocol::ErrorKind::HistoryCompacted,
             )))
         }
         Err(e) => {
-            lock(shared).remove(&key, id);
+            registry(shared).remove(&key, id);
             Err(e)
         }
     }
@@ -542,8 +522,8 @@ pub(crate) async fn resync_task(shared: Arc<Shared>) {
 
 async fn resync(shared: &Arc<Shared>) -> Result<()> {
     let _guard = shared.observe_lock.lock().await;
-    let keys = lock(shared).observed_keys();
-    let patterns = lock(shared).patterns.patterns();
+    let keys = registry(shared).observed_keys();
+    let patterns = registry(shared).patterns.patterns();
     let timeout = shared.default_timeout;
     for (pattern, newest) in patterns {
         if let Some(since) = newest {
@@ -551,7 +531,7 @@ async fn resync(shared: &Arc<Shared>) -> Result<()> {
                 continue;
             }
         }
-        crate::pattern::request(shared, &pattern, false, timeout).await?;
+        crate::pattern::register(shared, &pattern, timeout).await?;
     }
     for (key, seen) in keys {
         if let Some(since) = seen {
@@ -566,7 +546,7 @@ async fn resync(shared: &Arc<Shared>) -> Result<()> {
         let seq = answer.seq;
         let current = crate::client::get_result(answer)?;
         let now = shared.clock.tick();
-        lock(shared).reconcile(&key, current, seq, now);
+        registry(shared).reconcile(&key, current, seq, now);
     }
     Ok(())
 }

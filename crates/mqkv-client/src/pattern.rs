@@ -179,21 +179,14 @@ pub(crate) async fn resume(
     crate::observe::resume_with(shared, &command, timeout).await
 }
 
-/// `KEYNOTIFY pattern PATTERN [STOP]`.
-pub(crate) async fn request(
-    shared: &Shared,
-    pattern: &Bytes,
-    stop: bool,
-    timeout: Duration,
-) -> Result<()> {
+/// `KEYNOTIFY pattern PATTERN`: registers a pattern watch.
+pub(crate) async fn register(shared: &Shared, pattern: &Bytes, timeout: Duration) -> Result<()> {
     let command = Command::KeyNotifyPattern {
         pattern: pattern.clone(),
-        stop,
+        stop: false,
     };
     match shared.call(&command, None, timeout).await?.response {
         Response::Ok => Ok(()),
-        // STOP of a registration the server no longer has (it restarted, say).
-        Response::Integer(0) if stop => Ok(()),
         other => Err(Error::protocol(
             "KEYNOTIFY",
             format!("unexpected answer {other:?}"),
@@ -227,7 +220,7 @@ pub(crate) async fn observe(
             ))),
             Err(e) => Err(e),
         },
-        (None, true) => request(shared, &pattern, false, client.timeout()).await,
+        (None, true) => register(shared, &pattern, client.timeout()).await,
         (None, false) => Ok(()),
     };
     if let Err(e) = registered {

@@ -6,6 +6,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use mqkv_protocol::{Command, Response};
 use tokio::sync::mpsc;
 
 use crate::client::Client;
@@ -14,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::observe::{KeyNotification, Registry};
 
 /// What is watched.
+#[derive(Clone)]
 pub(crate) enum Target {
     /// One key (`KEYNOTIFY key`).
     Key(Bytes),
@@ -45,13 +47,26 @@ impl Target {
         }
     }
 
-    /// Withdraws the server registration.
-    async fn withdraw(&self, shared: &Shared, timeout: Duration) -> Result<()> {
-        match self {
-            Target::Key(key) => crate::observe::stop(shared, key, timeout).await,
-            Target::Pattern(pattern) => {
-                crate::pattern::request(shared, pattern, true, timeout).await
-            }
+    /// Withdraws the server registration: `KEYNOTIFY key STOP` or `KEYNOTIFY pattern PATTERN
+    /// STOP`. An answer that there was none (the server restarted, say) is no error: the key or
+    /// pattern is unwatched either way.
+    pub(crate) async fn withdraw(&self, shared: &Shared, timeout: Duration) -> Result<()> {
+        let command = match self {
+            Target::Key(key) => Command::KeyNotify {
+                key: key.clone(),
+                stop: true,
+            },
+            Target::Pattern(pattern) => Command::KeyNotifyPattern {
+                pattern: pattern.clone(),
+                stop: true,
+            },
+        };
+        match (self, shared.call(&command, None, timeout).await?.response) {
+            (_, Response::Ok | Response::Integer(0)) | (Target::Key(_), Response::Nil) => Ok(()),
+            (_, other) => Err(Error::protocol(
+                "KEYNOTIFY",
+                format!("unexpected answer {other:?}"),
+            )),
         }
     }
 }
@@ -139,7 +154,7 @@ impl Drop for Watch {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let target = std::mem::replace(&mut self.target, Target::Key(Bytes::new()));
+        let target = self.target.clone();
         runtime.spawn(async move {
             let shared = client.shared();
             let _guard = shared.observe_lock.lock().await;

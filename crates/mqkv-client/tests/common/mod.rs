@@ -34,6 +34,8 @@ pub struct Server {
     pub port: u16,
     /// The data directory of a durable server (`--storage disk`).
     data_dir: Option<PathBuf>,
+    /// The flags it was started with beyond the listener and the storage.
+    flags: Vec<String>,
 }
 
 impl Server {
@@ -85,6 +87,7 @@ impl Server {
             child,
             port,
             data_dir,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
         }
     }
 
@@ -99,10 +102,12 @@ impl Server {
         self.kill();
         let addr = format!("127.0.0.1:{}", self.port);
         let data_dir = self.data_dir.clone();
+        let flags = self.flags.clone();
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
         // The port was just freed; give the bind a few tries.
         let mut last = None;
         for _ in 0..50 {
-            match std::panic::catch_unwind(|| Server::start_with(&addr, data_dir.clone(), &[])) {
+            match std::panic::catch_unwind(|| Server::start_with(&addr, data_dir.clone(), &flags)) {
                 Ok(server) => {
                     *self = server;
                     return;
