@@ -48,6 +48,13 @@ pub enum OpenError {
     Start(String),
 }
 
+impl OpenError {
+    /// [`OpenError::Start`] with `why`.
+    pub(crate) fn start(why: impl std::fmt::Display) -> OpenError {
+        OpenError::Start(why.to_string())
+    }
+}
+
 /// Why a write was not acknowledged. The entry may or may not have been
 /// applied (it may still be applied later); retrying with the same
 /// de-duplication identity gives the first answer if it was.

@@ -29,7 +29,7 @@ use crate::types::{NodeId, TypeConfig};
 use crate::{ApplyHook, OpenError, ShutdownError, WriteError};
 
 use crate::options::NodeOptions;
-use crate::recover::{recover, start_error, Recovered};
+use crate::recover::{recover, Recovered};
 
 /// A running store: the replicated log and the state machine behind it.
 /// Cheap to clone; all clones are the same store.
@@ -347,7 +347,7 @@ async fn open(
         let counters = counters.clone();
         tokio::task::spawn_blocking(move || recover(&location, config, &options, counters))
             .await
-            .map_err(start_error)??
+            .map_err(OpenError::start)??
     };
     let mut raft_config = openraft::Config {
         cluster_name: "mqkv-state-store".into(),
@@ -369,7 +369,7 @@ async fn open(
         // per message keeps every message far below the links' frame limit.
         raft_config.max_payload_entries = 64;
     }
-    let raft_config = raft_config.validate().map_err(start_error)?;
+    let raft_config = raft_config.validate().map_err(OpenError::start)?;
     let listener = match &options.cluster {
         Some(cluster) => Some(
             std::net::TcpListener::bind(cluster.listen)
@@ -397,7 +397,7 @@ async fn open(
         Err(e) => {
             let _ = log_shared.close().await;
             state.close();
-            return Err(start_error(e));
+            return Err(OpenError::start(e));
         }
     };
     let started = {
@@ -427,7 +427,7 @@ async fn open(
                     StateMachineStore::new(state),
                 )
                 .await
-                .map_err(start_error)?;
+                .map_err(OpenError::start)?;
                 let quorum_wait = cluster_options
                     .as_ref()
                     .map_or(Duration::ZERO, |c| c.quorum_wait);
@@ -447,7 +447,7 @@ async fn open(
                 }
                 if let (Some(listener), Some(cluster)) = (listener, &cluster) {
                     let listener =
-                        tokio::net::TcpListener::from_std(listener).map_err(start_error)?;
+                        tokio::net::TcpListener::from_std(listener).map_err(OpenError::start)?;
                     tokio::spawn(cluster::serve(
                         listener,
                         raft.clone(),
@@ -518,11 +518,11 @@ async fn become_ready(
 ) -> Result<(), OpenError> {
     let raft = &node.inner.raft;
     let id = node.inner.node_id;
-    if !raft.is_initialized().await.map_err(start_error)? {
+    if !raft.is_initialized().await.map_err(OpenError::start)? {
         match &options.cluster {
             None => {
                 let members = BTreeMap::from([(id, BasicNode::new(&options.advertise_addr))]);
-                raft.initialize(members).await.map_err(start_error)?;
+                raft.initialize(members).await.map_err(OpenError::start)?;
             }
             // Added to a running group later; nothing to wait for now.
             Some(cluster) if cluster.join => return Ok(()),
@@ -536,7 +536,7 @@ async fn become_ready(
                     Err(openraft::error::RaftError::APIError(
                         openraft::error::InitializeError::NotAllowed(_),
                     )) => {}
-                    Err(e) => return Err(start_error(e)),
+                    Err(e) => return Err(OpenError::start(e)),
                 }
             }
         }
@@ -559,6 +559,6 @@ async fn become_ready(
             "recovery",
         )
         .await
-        .map_err(start_error)?;
-    metrics.running_state.map_err(start_error)
+        .map_err(OpenError::start)?;
+    metrics.running_state.map_err(OpenError::start)
 }

@@ -67,7 +67,7 @@ pub(crate) fn recover(
     let state_file = match state_file {
         Some(file) => file,
         None => {
-            let config_bytes = postcard::to_stdvec(&config).map_err(start_error)?;
+            let config_bytes = postcard::to_stdvec(&config).map_err(OpenError::start)?;
             files::create(
                 location,
                 FileKind::State,
@@ -196,8 +196,4 @@ fn check_consistency(
         )));
     }
     Ok(())
-}
-
-pub(crate) fn start_error(e: impl std::fmt::Display) -> OpenError {
-    OpenError::Start(e.to_string())
 }

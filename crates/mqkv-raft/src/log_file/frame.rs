@@ -5,6 +5,26 @@ use std::io;
 use super::{Record, FRAME_LEN, HEADER_LEN, LOG_FORMAT, MAGIC, MAX_PAYLOAD, UNWRITTEN_RUN};
 use xxhash_rust::xxh3::xxh3_64;
 
+/// What a frame header says: `[payload length: u32][check of the length: u32][XXH3-64 of the
+/// payload: u64]`, little endian.
+pub(super) struct FrameHeader {
+    /// The payload's length.
+    pub(super) len: u32,
+    /// The payload's XXH3-64.
+    pub(super) hash: u64,
+}
+
+/// Reads a frame header; `None` if its length fails its check or is beyond the largest payload.
+pub(super) fn parse_header(header: &[u8; FRAME_LEN]) -> Option<FrameHeader> {
+    let [l0, l1, l2, l3, c0, c1, c2, c3, h @ ..] = *header;
+    let len = u32::from_le_bytes([l0, l1, l2, l3]);
+    let check = u32::from_le_bytes([c0, c1, c2, c3]);
+    (check == length_check(len) && len <= MAX_PAYLOAD).then(|| FrameHeader {
+        len,
+        hash: u64::from_le_bytes(h),
+    })
+}
+
 /// Appends `record`'s frame to `out`. With `masked_at`, the offset in the
 /// segment of `out`'s first byte, its payload is masked for that place.
 pub(super) fn encode(
@@ -32,7 +52,7 @@ pub(super) fn encode(
     Ok(payload_len)
 }
 
-pub(super) fn length_check(len: u32) -> u32 {
+fn length_check(len: u32) -> u32 {
     // Truncating the hash is the point: four bytes are enough to tell a
     // length from noise.
     xxh3_64(&len.to_le_bytes()) as u32

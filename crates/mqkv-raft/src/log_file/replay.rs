@@ -9,10 +9,9 @@ use crate::files::corrupt;
 use crate::types::{LogId, NodeId, Vote};
 use crate::OpenError;
 
-use super::frame::{all_zero, holds_unwritten_run, length_check, mask};
+use super::frame::{all_zero, holds_unwritten_run, mask, parse_header, FrameHeader};
 use super::{
     Loaded, Location, Record, FRAME_LEN, HEADER_LEN, LOG_FORMAT, LOG_FORMAT_UNMASKED, MAGIC,
-    MAX_PAYLOAD,
 };
 
 /// Replays one segment given as bytes, as opening a store does, and
@@ -93,16 +92,14 @@ impl Replay {
             if rest.len() < FRAME_LEN {
                 return torn("an incomplete frame header", rest.len());
             }
-            let len = u32::from_le_bytes(rest[..4].try_into().unwrap_or_default());
-            let check = u32::from_le_bytes(rest[4..8].try_into().unwrap_or_default());
-            if check != length_check(len) || len > MAX_PAYLOAD {
+            let header = rest[..FRAME_LEN].try_into().ok().and_then(parse_header);
+            let Some(FrameHeader { len, hash }) = header else {
                 return torn("a damaged frame header", FRAME_LEN);
-            }
+            };
             let end = FRAME_LEN + len as usize;
             if rest.len() < end {
                 return torn("an incomplete frame", rest.len());
             }
-            let hash = u64::from_le_bytes(rest[8..16].try_into().unwrap_or_default());
             let mut payload = &rest[FRAME_LEN..end];
             if xxh3_64(payload) != hash {
                 return torn("a record failing its checksum", end);
