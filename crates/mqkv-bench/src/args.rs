@@ -8,7 +8,7 @@ use clap::Parser;
 
 use crate::workloads::Settings;
 
-pub(crate) const ALL_WORKLOADS: [&str; 14] = [
+const ALL_WORKLOADS: [&str; 14] = [
     "set",
     "get",
     "mix",
@@ -134,7 +134,7 @@ pub(crate) struct Args {
     pub(crate) cluster_args: Vec<String>,
 }
 
-pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim().to_ascii_lowercase();
     let t = t.trim_end_matches("ib").trim_end_matches('b');
     let (num, mult) = if let Some(n) = t.strip_suffix('k') {

@@ -26,9 +26,10 @@ use serde_json::json;
 
 use crate::etcd::EtcdClient;
 use crate::report::{new_histogram, Latency};
-use crate::servers::{find_executable, free_port, process_cpu_seconds};
+use crate::servers::{find_executable, process_cpu_seconds};
 use crate::store::StoreClient;
 use crate::workloads::{connect_all, drive_measuring, Settings, Worker};
+use mqkv_testkit::free_port;
 
 /// Members of each cluster.
 const MEMBERS: usize = 3;
@@ -78,7 +79,7 @@ impl Group {
         let dir = scratch.join(system.name());
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect::<Result<_>>()?;
+        let ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
         let mut group = Group {
             system,
             children: Vec::new(),
@@ -124,8 +125,8 @@ impl Group {
         let dir = scratch.join("etcd-cluster");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let clients: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect::<Result<_>>()?;
-        let peers: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect::<Result<_>>()?;
+        let clients: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
+        let peers: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
         let initial = (0..MEMBERS)
             .map(|i| format!("e{}=http://127.0.0.1:{}", i + 1, peers[i]))
             .collect::<Vec<_>>()

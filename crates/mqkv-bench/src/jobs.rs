@@ -155,7 +155,7 @@ pub(crate) fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
     out
 }
 
-pub(crate) fn workload_name(job: &Job) -> &'static str {
+fn workload_name(job: &Job) -> &'static str {
     match job {
         Job::Kv(m, ..) => m.name(),
         Job::Pipe(..) => "set-pipelined",
@@ -174,7 +174,7 @@ pub(crate) fn workload_name(job: &Job) -> &'static str {
     }
 }
 
-pub(crate) fn job_clients(job: &Job, s: &Settings) -> usize {
+fn job_clients(job: &Job, s: &Settings) -> usize {
     match job {
         Job::Kv(_, c, _)
         | Job::Pipe(c, _)

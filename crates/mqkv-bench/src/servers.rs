@@ -3,12 +3,13 @@
 //! loopback port, plus installing the anchors from Debian packages when they are missing.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use mqkv_testkit::free_port;
 use serde::Serialize;
 
 use crate::wire::{Certs, Dial, Wire, WS_PATH};
@@ -216,11 +217,6 @@ fn unique_dir(scratch: &Path, name: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-pub(crate) fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 fn log_file(dir: &Path) -> Result<std::fs::File> {
     Ok(std::fs::File::create(dir.join("server.log"))?)
 }
@@ -335,13 +331,13 @@ fn start_mosquitto(
     certs: Option<&Certs>,
     dir: &Path,
 ) -> Result<(Child, SocketAddr)> {
-    let port = free_port()?;
+    let port = free_port();
     let conf = dir.join("mosquitto.conf");
     let options = match wire {
         Wire::Tcp => String::new(),
         // Mosquitto 2.0.11 refuses to start with only WebSocket listeners ("Unable to start
         // any listening sockets"): a plain one on another port comes along, unused.
-        Wire::Ws => format!("protocol websockets\nlistener {} 127.0.0.1\n", free_port()?),
+        Wire::Ws => format!("protocol websockets\nlistener {} 127.0.0.1\n", free_port()),
         Wire::Tls => {
             let certs = certs.context("TLS without certificates")?;
             format!(
@@ -386,7 +382,7 @@ pub fn redis_options(target: Target) -> Vec<&'static str> {
 }
 
 fn start_redis(target: Target, bin: &Path, dir: &Path) -> Result<(Child, SocketAddr)> {
-    let port = free_port()?;
+    let port = free_port();
     let child = Command::new(bin)
         .arg("--port")
         .arg(port.to_string())

@@ -1,4 +1,4 @@
-//! Helpers shared by tests that start real `mqkv` processes.
+//! Helpers shared by the tests and the benchmark.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -44,7 +44,7 @@ mod tests {
             "a port was handed out twice: {ports:?}"
         );
         for port in ports {
-            assert!((10_000..32_000).contains(&port), "port {port}");
+            assert!((LOW..LOW + SPAN).contains(&u32::from(port)), "port {port}");
             std::net::TcpListener::bind(("127.0.0.1", port)).expect("bindable");
         }
     }

@@ -3,7 +3,11 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::*;
+use super::{
+    ack_header, read_binary, read_string, read_u16, Ack, Auth, Connect, DecodeError, Disconnect,
+    Packet, PropContext, Properties, Publish, QoS, Subscribe, SubscriptionOptions, Unsubscribe,
+    Will, V311, V5,
+};
 
 /// Peeks at a buffered fixed header. Returns `(header byte, remaining length, header length)`
 /// once the whole fixed header is present.

@@ -2,7 +2,10 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::*;
+use super::{
+    limits, reason, varint_len, write_bin, write_varint, Ack, Connect, Packet, PerReceiver,
+    Properties, Publish, QoS, V5,
+};
 
 fn put_header(out: &mut BytesMut, header: u8, remaining: usize) {
     out.put_u8(header);

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::store::Client;
 use super::ServerProcess;
 
-pub use mqkv_testkit::free_port;
+use mqkv_testkit::free_port;
 
 pub struct Node {
     pub id: u64,
