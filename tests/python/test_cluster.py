@@ -21,17 +21,19 @@ SESSION_TAKEN_OVER = 0x8E
 NO_MATCHING_SUBSCRIBERS = 0x10
 
 
-_next_port = 10_000 + (os.getpid() * 7_919) % 22_000
+_LOW, _SPAN = 10_000, 22_000
+_next_port = _LOW + (os.getpid() * 7_919) % _SPAN
 
 
 def free_port() -> int:
     """A port nobody listens on now, for a cluster node's address, which its peers must know
     before it starts. Chosen below the kernel's ephemeral range (32768 and up), so the port-0
-    listeners and outgoing connections of the nodes starting meanwhile cannot take it first."""
+    listeners and outgoing connections of the nodes starting meanwhile cannot take it first.
+    Each call goes on from where the last one stopped."""
     global _next_port
-    for _ in range(22_000):
+    for _ in range(_SPAN):
         port = _next_port
-        _next_port = 10_000 + (_next_port - 10_000 + 1) % 22_000
+        _next_port = _LOW + (_next_port - _LOW + 1) % _SPAN
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))

@@ -151,7 +151,8 @@ struct ServeArgs {
     /// State store: most keys one connection may observe with KEYNOTIFY (default 10000).
     #[arg(long, value_name = "N")]
     max_observed_keys: Option<usize>,
-    /// State store: most pattern watches (`KEYNOTIFY pattern`) one connection may have (default 16).
+    /// State store: most pattern watches (`KEYNOTIFY pattern`) one connection may have
+    /// (default 16).
     #[arg(long, value_name = "N")]
     max_observed_patterns: Option<usize>,
     /// State store: write a snapshot once the log since the last one outgrows this many bytes

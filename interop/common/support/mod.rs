@@ -17,9 +17,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-// Cluster nodes' addresses must be known to their peers before they start: `free_port` picks
-// them below the ephemeral range, so the port-0 listeners and outgoing connections of tests
-// running beside them cannot take one first.
 use mqkv_testkit::free_port;
 
 use azure_iot_operations_mqtt::aio::connection_settings::MqttConnectionSettingsBuilder;
@@ -169,6 +166,9 @@ impl Server {
             role == "leader" || role == "follower",
             "MQKV_INTEROP_CLUSTER is leader or follower, not {role:?}"
         );
+        // The nodes' addresses are given to their peers before they start: `free_port` picks
+        // them below the ephemeral range, so the port-0 listeners and outgoing connections of
+        // tests running beside them cannot take one first.
         let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let peers: Vec<String> = cluster_ports
             .iter()
