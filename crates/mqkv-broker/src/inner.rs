@@ -365,6 +365,7 @@ impl Inner {
         let from = if self.config.co_locate { here } else { 0 };
         let n = targets.len();
         let spread = n > DIRECT_REMOTE_WRITES;
+        let fan_out = n > 1;
         if n > 0 {
             self.touch();
         }
@@ -384,9 +385,9 @@ impl Inner {
             }
             if let Some(direct) = direct {
                 if direct.home == here || !spread {
-                    direct.output.write_ready();
+                    direct.output.write_ready(fan_out);
                 } else {
-                    self.threads.post(direct.home, direct.output);
+                    self.threads.post(direct.home, direct.output, fan_out);
                 }
             }
         }

@@ -357,7 +357,13 @@ pub(crate) async fn run(
         half: Some(wr),
         pending: BytesMut::new(),
     }));
-    writing::attach(&session, conn_id, &wr, &notify, transport::movable(&rd));
+    writing::attach(
+        &session,
+        conn_id,
+        &wr,
+        &notify,
+        transport::cheap_writes(&rd),
+    );
     let writer = WriterTask::spawn(session.clone(), conn_id, notify.clone(), wr.clone(), level);
     let conn = Conn {
         inner: inner.clone(),

@@ -48,9 +48,10 @@ impl Conn {
                         self.end(End::Abnormal);
                         return;
                     };
-                    // Only plain TCP connections are asked to move (see `transport::reunite`).
-                    let stream = match transport::reunite(rd, wr) {
-                        Ok(Ok(stream)) => stream,
+                    // Only plain TCP and TLS connections are asked to move (see
+                    // `transport::detach`).
+                    let (socket, parked) = match transport::detach(rd, wr) {
+                        Ok(Ok(detached)) => detached,
                         failed => {
                             if let Ok(Err(e)) = failed {
                                 tracing::warn!(client_id = %self.client_id, error = %e, "cannot move a connection");
@@ -62,8 +63,8 @@ impl Conn {
                     };
                     tracing::debug!(client_id = %self.client_id, from = crate::placement::current_home(), to = home, "connection moves");
                     let inner = self.inner.clone();
-                    inner.threads.serve_on(home - 1, stream, move |stream| {
-                        self.resume(stream, buf, keep_alive, guard, live)
+                    inner.threads.serve_on(home - 1, socket, move |tcp| {
+                        self.resume(parked.resume(tcp), buf, keep_alive, guard, live)
                     });
                 }
             }
@@ -73,18 +74,18 @@ impl Conn {
     /// Goes on serving the connection on the thread it moved to.
     pub(super) fn resume(
         mut self,
-        stream: tokio::net::TcpStream,
+        stream: Stream,
         buf: BytesMut,
         keep_alive: u16,
         mut guard: tokio::sync::OwnedMutexGuard<WriteState>,
         live: LiveGuard,
     ) -> Moved {
-        let (rd, wr) = Stream::Tcp(stream).split();
+        let (rd, wr) = stream.split();
         guard.half = Some(wr);
         drop(guard);
         // Output for the connection is written from this thread from now on.
-        // Only plain TCP connections move, and they are written directly.
-        writing::attach(&self.session, self.conn_id, &self.wr, &self.notify, true);
+        let cheap = transport::cheap_writes(&rd);
+        writing::attach(&self.session, self.conn_id, &self.wr, &self.notify, cheap);
         self.waker = CachedWaker::default();
         let writer = WriterTask::spawn(
             self.session.clone(),

@@ -109,7 +109,7 @@ impl Conn {
         let mut skip_queued;
         // Whether this side ended the connection with a DISCONNECT of its own.
         let mut told = false;
-        // Only plain TCP connections move between threads (see `transport::reunite`).
+        // Only plain TCP and TLS connections move between threads (see `transport::detach`).
         let movable = crate::transport::movable(rd);
         let end = loop {
             if !shutdown_registered && self.inner.shutting_down.load(Ordering::SeqCst) {

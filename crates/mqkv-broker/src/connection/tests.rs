@@ -1,10 +1,11 @@
 //! Connections moving between threads (see `Conn::try_move`), and requests that reach a
 //! connection whose client has gone quiet, with raw MQTT 5 clients.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::broker::Broker;
@@ -13,15 +14,39 @@ use crate::config::BrokerConfig;
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// A client's byte stream: plain TCP or TLS.
+trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// How the test's clients reach the broker.
+#[derive(Clone)]
+enum Wire {
+    Tcp,
+    /// TLS, trusting the broker's self-signed certificate for `localhost`.
+    Tls(tokio_rustls::TlsConnector),
+}
+
 struct Client {
-    stream: TcpStream,
+    stream: Box<dyn Duplex>,
     buf: BytesMut,
 }
 
 impl Client {
     async fn connect(addr: std::net::SocketAddr, id: &str) -> Client {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
+        Client::dial(addr, id, &Wire::Tcp).await
+    }
+
+    async fn dial(addr: std::net::SocketAddr, id: &str, wire: &Wire) -> Client {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        tcp.set_nodelay(true).expect("nodelay");
+        let stream: Box<dyn Duplex> = match wire {
+            Wire::Tcp => Box::new(tcp),
+            Wire::Tls(connector) => {
+                let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+                Box::new(connector.connect(name, tcp).await.expect("TLS handshake"))
+            }
+        };
         let mut c = Client {
             stream,
             buf: BytesMut::new(),
@@ -37,6 +62,7 @@ impl Client {
         let mut out = BytesMut::new();
         p.encode(&mut out, codec::V5);
         self.stream.write_all(&out).await.expect("write");
+        self.stream.flush().await.expect("flush");
     }
 
     async fn subscribe(&mut self, filter: &str, qos: QoS) {
@@ -116,6 +142,7 @@ impl Client {
             .encode(&mut out, codec::V5);
         }
         self.stream.write_all(&out).await.expect("write");
+        self.stream.flush().await.expect("flush");
         let mut acked = 0;
         while acked < count {
             let (kind, _) = self.frame().await;
@@ -189,17 +216,54 @@ async fn packets_much_larger_than_the_first_read_room_arrive_whole() {
 }
 
 async fn broker(co_locate: bool) -> (Broker, std::net::SocketAddr) {
+    let (broker, addr, _) = broker_over(co_locate, false).await;
+    (broker, addr)
+}
+
+/// A broker on two connection threads, listening over plain TCP, or over TLS with a
+/// certificate made here; and how its clients reach it.
+async fn broker_over(co_locate: bool, tls: bool) -> (Broker, std::net::SocketAddr, Wire) {
     let broker = Broker::new(BrokerConfig {
         connection_threads: 2,
         co_locate,
         ..BrokerConfig::default()
     })
     .expect("broker");
+    let any = "127.0.0.1:0".parse().expect("addr");
+    if !tls {
+        let addr = broker.listen(any).await.expect("listen");
+        return (broker, addr, Wire::Tcp);
+    }
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    let dir = tempfile::tempdir().expect("dir");
+    let files = crate::transport::TlsFiles {
+        cert: dir.path().join("server.pem"),
+        key: dir.path().join("server.key"),
+        client_ca: None,
+        require_client_cert: false,
+    };
+    std::fs::write(&files.cert, cert.pem()).expect("write");
+    std::fs::write(&files.key, key.serialize_pem()).expect("write");
+    let server_tls = crate::transport::Tls::load(files).expect("TLS files");
     let addr = broker
-        .listen("127.0.0.1:0".parse().expect("addr"))
+        .listen_on(any, crate::transport::Transport::Tls(Arc::new(server_tls)))
         .await
         .expect("listen");
-    (broker, addr)
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.der().clone()).expect("root");
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let wire = Wire::Tls(tokio_rustls::TlsConnector::from(Arc::new(config)));
+    (broker, addr, wire)
 }
 
 fn home(broker: &Broker, id: &str) -> usize {
@@ -210,11 +274,15 @@ fn home(broker: &Broker, id: &str) -> usize {
 /// A publisher and six subscribers (three at QoS 1, three at QoS 0, which never send the
 /// broker anything to wake their reader); at least one subscriber starts on the other
 /// connection thread. Returns the subscribers' ids.
-async fn fan_out(broker: &Broker, addr: std::net::SocketAddr) -> (Client, Vec<(String, Client)>) {
+async fn fan_out(
+    broker: &Broker,
+    addr: std::net::SocketAddr,
+    wire: &Wire,
+) -> (Client, Vec<(String, Client)>) {
     let mut subs = Vec::new();
     for i in 0..6 {
         let id = format!("sub-{i}");
-        let mut c = Client::connect(addr, &id).await;
+        let mut c = Client::dial(addr, &id, wire).await;
         let qos = if i % 2 == 0 {
             QoS::AtLeastOnce
         } else {
@@ -223,7 +291,7 @@ async fn fan_out(broker: &Broker, addr: std::net::SocketAddr) -> (Client, Vec<(S
         c.subscribe("fan/#", qos).await;
         subs.push((id, c));
     }
-    let publisher = Client::connect(addr, "pub").await;
+    let publisher = Client::dial(addr, "pub", wire).await;
     let p = home(broker, "pub");
     assert!(
         subs.iter().any(|(id, _)| home(broker, id) != p),
@@ -236,8 +304,18 @@ async fn fan_out(broker: &Broker, addr: std::net::SocketAddr) -> (Client, Vec<(S
 /// receives every message once, in order, while it moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_move_to_their_publishers_thread_and_lose_nothing() {
-    let (broker, addr) = broker(true).await;
-    let (mut publisher, subs) = fan_out(&broker, addr).await;
+    subscribers_move_and_lose_nothing(false).await;
+}
+
+/// The same over TLS: the TLS session moves with its socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_subscribers_move_to_their_publishers_thread_and_lose_nothing() {
+    subscribers_move_and_lose_nothing(true).await;
+}
+
+async fn subscribers_move_and_lose_nothing(tls: bool) {
+    let (broker, addr, wire) = broker_over(true, tls).await;
+    let (mut publisher, subs) = fan_out(&broker, addr, &wire).await;
     const N: u32 = 3_000;
     let readers: Vec<_> = subs
         .into_iter()
@@ -274,7 +352,7 @@ async fn subscribers_move_to_their_publishers_thread_and_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_co_location_connections_stay() {
     let (broker, addr) = broker(false).await;
-    let (mut publisher, subs) = fan_out(&broker, addr).await;
+    let (mut publisher, subs) = fan_out(&broker, addr, &Wire::Tcp).await;
     let before: Vec<usize> = subs.iter().map(|(id, _)| home(&broker, id)).collect();
     let readers: Vec<_> = subs
         .into_iter()

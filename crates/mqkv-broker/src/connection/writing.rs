@@ -1,9 +1,10 @@
 //! Writing a connection's output: its writer task, and writes made straight from the task
 //! that queued the output.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use tokio::sync::Notify;
@@ -190,13 +191,54 @@ struct Outlet {
     conn_id: u64,
     wr: Writer,
     notify: Arc<Notify>,
-    /// Whether other tasks write themselves, or wake the writer task (see [`attach`]).
-    direct: bool,
+    writes: Writes,
+}
+
+/// When tasks other than the connection's own write its output themselves, rather than wake
+/// its writer task (see [`attach`]).
+#[derive(Debug)]
+enum Writes {
+    /// Always.
+    Direct,
+    /// For one of a fan-out's deliveries, when the output ready before it came at least
+    /// [`SPARSE`] earlier; else the writer task is woken.
+    WhenSparse {
+        /// When the outlet was made: what `last` counts from.
+        since: Instant,
+        /// Nanoseconds from `since` to the last time output was ready; 0 before the first.
+        last: AtomicU64,
+    },
+}
+
+/// How far apart messages to a TLS or WebSocket connection must come to be written at once by
+/// whoever routed them (see [`attach`]).
+const SPARSE: Duration = Duration::from_micros(50);
+
+impl Writes {
+    /// Whether the caller writes now, itself; `fan_out` as for
+    /// [`crate::placement::Output::write_ready`].
+    fn now(&self, fan_out: bool) -> bool {
+        match self {
+            Writes::Direct => true,
+            Writes::WhenSparse { since, last } => {
+                let at = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                sparse(last, at) && fan_out
+            }
+        }
+    }
+}
+
+/// Records output ready `at` nanoseconds into an outlet's life; whether the output ready
+/// before it, recorded in `last`, came at least [`SPARSE`] earlier, or none did.
+fn sparse(last: &AtomicU64, at: u64) -> bool {
+    let at = at.max(1);
+    let before = last.swap(at, Ordering::Relaxed);
+    before == 0 || at.saturating_sub(before) >= SPARSE.as_nanos() as u64
 }
 
 impl crate::placement::Output for Outlet {
-    fn write_ready(&self) {
-        if !self.direct {
+    fn write_ready(&self, fan_out: bool) {
+        if !self.writes.now(fan_out) {
             self.notify.notify_one();
         } else if let Some(session) = self.session.upgrade() {
             write_ready(&session, self.conn_id, &self.wr, &self.notify);
@@ -205,29 +247,57 @@ impl crate::placement::Output for Outlet {
 }
 
 /// Lets tasks other than the connection's own write `session`'s output for connection
-/// `conn_id` through `wr` (`direct`), or have them wake its writer task instead, which then
-/// writes everything queued meanwhile at once. Called on the thread that serves the
-/// connection.
+/// `conn_id` through `wr`, or have them wake its writer task instead, which then writes
+/// everything queued meanwhile at once. Called on the thread that serves the connection.
 ///
-/// A plain TCP connection is written directly: a message routed to it goes out in the
-/// publisher's pass, without a task hand-off. Over TLS and WebSocket each write is a TLS
-/// record or a WebSocket frame of its own, whose cost is the write's rather than the bytes'
-/// (fan-in to one WebSocket subscriber at 64 publishers measured 62.5k messages a second
-/// written one by one, against 84k over TCP): the writer task puts what was queued while it
-/// waited to run into one (see `docs/design/performance.md`).
+/// Where writes are `cheap` (plain TCP), a message routed to the connection goes out in the
+/// publisher's pass, without a task hand-off. Over TLS and WebSocket each write is a TLS record
+/// or a WebSocket frame of its own, whose cost is the write's rather than the bytes' (fan-in to
+/// one WebSocket subscriber at 64 publishers measured 62.5k messages a second written one by
+/// one, against 84k over TCP). There, one of a fan-out's deliveries is written at once when
+/// the output before it came at least [`SPARSE`] earlier: each subscriber then has one message
+/// from each publish, and a hand-off per subscriber is all the writer task would add. Other
+/// output, such as a fan-in's, whose messages to one subscriber come from many publishers
+/// close together, is left to the writer task, which puts what was queued while it waited to
+/// run into one write (see `docs/design/performance.md`).
 pub(super) fn attach(
     session: &Arc<Session>,
     conn_id: u64,
     wr: &Writer,
     notify: &Arc<Notify>,
-    direct: bool,
+    cheap: bool,
 ) {
+    let writes = if cheap {
+        Writes::Direct
+    } else {
+        Writes::WhenSparse {
+            since: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    };
     let outlet = Outlet {
         session: Arc::downgrade(session),
         conn_id,
         wr: wr.clone(),
         notify: notify.clone(),
-        direct,
+        writes,
     };
     session.set_output(conn_id, Arc::new(outlet), crate::placement::current_home());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_written_at_once_only_when_it_comes_sparsely() {
+        let gap = SPARSE.as_nanos() as u64;
+        let last = AtomicU64::new(0);
+        assert!(sparse(&last, 0), "the first output");
+        assert!(!sparse(&last, gap / 2), "output soon after");
+        // Counted from the output just before, not from the last written at once.
+        assert!(!sparse(&last, gap + gap / 4), "a burst goes on");
+        assert!(sparse(&last, 3 * gap), "output after a pause");
+        assert!(sparse(&last, 4 * gap), "output as sparse as a fan-out's");
+    }
 }

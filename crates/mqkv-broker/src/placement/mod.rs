@@ -27,6 +27,8 @@ use threads::home_waker;
 /// connection; a session holds one, not the socket.
 pub(crate) trait Output: Send + Sync + std::fmt::Debug {
     /// Writes what the connection's session has ready, as far as the socket takes it without
-    /// waiting; the rest is left to the connection's writer task.
-    fn write_ready(&self);
+    /// waiting, or leaves it to the connection's writer task, as the connection's transport
+    /// decides. `fan_out`: what is ready is one of the deliveries of a message to several
+    /// subscribers.
+    fn write_ready(&self, fan_out: bool);
 }

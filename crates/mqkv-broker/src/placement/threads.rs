@@ -64,8 +64,9 @@ pub(crate) fn current_home() -> usize {
 
 /// Work posted to a connection thread.
 pub(crate) enum Posted {
-    /// Output a connection has ready.
-    Write(Arc<dyn Output>),
+    /// Output a connection has ready, and whether it is one of a fan-out's deliveries (see
+    /// [`Output::write_ready`]).
+    Write(Arc<dyn Output>, bool),
     /// A task of the thread to wake.
     Wake(Waker),
 }
@@ -418,10 +419,10 @@ impl ConnThreads {
     }
 
     /// Posts output for a connection served by thread `home` (as [`current_home`] numbers
-    /// them).
-    pub(crate) fn post(&self, home: usize, output: Arc<dyn Output>) {
+    /// them); `fan_out` as for [`Output::write_ready`].
+    pub(crate) fn post(&self, home: usize, output: Arc<dyn Output>, fan_out: bool) {
         if let Some(thread) = home.checked_sub(1).and_then(|i| self.threads.get(i)) {
-            thread.outbox.post(Posted::Write(output));
+            thread.outbox.post(Posted::Write(output, fan_out));
         }
     }
 
@@ -470,7 +471,7 @@ async fn flush_outbox(outbox: Arc<Outbox>) {
         }
         for posted in batch.drain(..) {
             match posted {
-                Posted::Write(output) => output.write_ready(),
+                Posted::Write(output, fan_out) => output.write_ready(fan_out),
                 Posted::Wake(task) => task.wake(),
             }
         }

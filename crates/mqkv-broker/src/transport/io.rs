@@ -9,10 +9,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use super::socket::Socket;
+
 /// Plain TCP, or TLS over TCP.
 pub enum Io {
     Tcp(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream<Socket>>),
 }
 
 impl AsyncRead for Io {

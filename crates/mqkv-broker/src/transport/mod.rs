@@ -8,6 +8,7 @@
 
 mod io;
 mod quickack;
+mod socket;
 pub mod tls;
 pub mod ws;
 
@@ -25,6 +26,7 @@ use tokio_tungstenite::WebSocketStream;
 
 pub use io::Io;
 pub(crate) use quickack::only_acknowledgements;
+pub use socket::Socket;
 pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles};
 
 /// How clients reach a listener.
@@ -69,7 +71,7 @@ pub enum AcceptError {
 /// An accepted connection once its transport's handshakes are done.
 pub(crate) enum Stream {
     Tcp(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::server::TlsStream<Socket>>),
     Ws(Box<WebSocketStream<Io>>),
 }
 
@@ -281,26 +283,54 @@ impl WriteHalf {
     }
 }
 
-/// The plain TCP socket of a connection split into `rd` and `wr`, to move to another thread's
-/// poller. Only plain TCP connections move: a TLS session's state lives in the stream that
-/// wraps the socket, and the TLS library gives no way to take it off one socket registration
-/// and onto another, so TLS and WebSocket connections stay on the thread that accepted them.
-/// `Err` gives the halves back.
-pub(crate) fn reunite(
+/// What a connection taken off its thread's poller keeps besides its socket: over TLS, the
+/// TLS session, whole. [`Parked::resume`] puts the two together again on the thread it moved
+/// to.
+pub(crate) struct Parked(Option<Box<tokio_rustls::server::TlsStream<Socket>>>);
+
+impl Parked {
+    /// The connection's stream again, over `tcp`: the socket registered on this thread.
+    pub(crate) fn resume(self, tcp: TcpStream) -> Stream {
+        match self.0 {
+            None => Stream::Tcp(tcp),
+            Some(mut tls) => {
+                tls.get_mut().0.attach(tcp);
+                Stream::Tls(tls)
+            }
+        }
+    }
+}
+
+/// Takes a connection split into `rd` and `wr` off this thread's poller, to move to another
+/// thread's: its socket, and what goes with it. Plain TCP and TLS connections move; a
+/// WebSocket connection's framing state lives in the library's split halves, which give no
+/// way to take the socket beneath them off one poller and onto another, so WebSocket
+/// connections stay on the thread that accepted them. `Err` gives the halves back.
+pub(crate) fn detach(
     rd: ReadHalf,
     wr: WriteHalf,
-) -> Result<std::io::Result<std::net::TcpStream>, (ReadHalf, WriteHalf)> {
+) -> Result<std::io::Result<(std::net::TcpStream, Parked)>, (ReadHalf, WriteHalf)> {
     match (rd, wr) {
         (ReadHalf::Tcp(r), WriteHalf::Tcp(w)) => match r.reunite(w) {
-            Ok(s) => Ok(s.into_std()),
+            Ok(s) => Ok(s.into_std().map(|s| (s, Parked(None)))),
             Err(e) => Err((ReadHalf::Tcp(e.0), WriteHalf::Tcp(e.1))),
+        },
+        (ReadHalf::Io(r), WriteHalf::Io(w)) if r.is_pair_of(&w) => match r.unsplit(w) {
+            Io::Tls(mut tls) => Ok(tls.get_mut().0.detach().map(|s| (s, Parked(Some(tls))))),
+            Io::Tcp(tcp) => Ok(tcp.into_std().map(|s| (s, Parked(None)))),
         },
         (r, w) => Err((r, w)),
     }
 }
 
-/// Whether a connection over these halves can move between threads (see [`reunite`]).
+/// Whether a connection over these halves can move between threads (see [`detach`]).
 pub(crate) fn movable(rd: &ReadHalf) -> bool {
+    matches!(rd, ReadHalf::Tcp(_) | ReadHalf::Io(_))
+}
+
+/// Whether a write costs little more than its bytes: on plain TCP, not over TLS or WebSocket,
+/// where each write is a record or a frame of its own (see `connection::writing::attach`).
+pub(crate) fn cheap_writes(rd: &ReadHalf) -> bool {
     matches!(rd, ReadHalf::Tcp(_))
 }
 

@@ -12,6 +12,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use super::socket::Socket;
+
 /// Where a TLS listener's certificate, key and client CA bundle are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -67,9 +69,11 @@ impl Tls {
     }
 
     /// Runs the server side of a TLS handshake.
-    pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+    pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<Socket>> {
         let config = self.current.read().clone();
-        tokio_rustls::TlsAcceptor::from(config).accept(tcp).await
+        tokio_rustls::TlsAcceptor::from(config)
+            .accept(Socket::new(tcp))
+            .await
     }
 }
 
