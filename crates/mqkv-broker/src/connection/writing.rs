@@ -222,6 +222,7 @@ impl Writes {
             Writes::Direct => true,
             Writes::WhenSparse { since, last } => {
                 let at = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                // Every output is recorded, a fan-out's or not, so `sparse` comes first.
                 sparse(last, at) && fan_out
             }
         }

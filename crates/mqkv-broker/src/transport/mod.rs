@@ -302,10 +302,10 @@ impl Parked {
 }
 
 /// Takes a connection split into `rd` and `wr` off this thread's poller, to move to another
-/// thread's: its socket, and what goes with it. Plain TCP and TLS connections move; a
-/// WebSocket connection's framing state lives in the library's split halves, which give no
-/// way to take the socket beneath them off one poller and onto another, so WebSocket
-/// connections stay on the thread that accepted them. `Err` gives the halves back.
+/// thread's: its socket, and what goes with it. Plain TCP and TLS connections move. WebSocket
+/// connections stay on the thread that accepted them: moving one would mean reuniting the
+/// library's split halves and taking the socket from beneath its framing in the same way, which
+/// is not done, since WebSocket pub/sub has not needed it. `Err` gives the halves back.
 pub(crate) fn detach(
     rd: ReadHalf,
     wr: WriteHalf,
