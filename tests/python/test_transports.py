@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import os
+import queue
 import shutil
 import signal
 import socket
@@ -13,10 +14,11 @@ import ssl
 import struct
 import time
 
+import paho.mqtt.client as mqtt
 import pytest
 
 from certs import make_pki
-from helpers import HOST, Paho, Proc, V5, V311, assert_healthy, run, wait_for
+from helpers import HOST, PacketTypes, Paho, Proc, V5, V311, assert_healthy, props, run, wait_for
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None,
@@ -464,3 +466,102 @@ def read_packet(s) -> bytes:
         assert chunk, "closed"
         body += chunk
     return head + body
+
+
+# ---------------------------------------------------------------------------------------------
+# Clients that leave Nagle's algorithm on
+# ---------------------------------------------------------------------------------------------
+
+# Linux holds back an ACK that has no data to ride on for at least 40 ms. A client with Nagle's
+# algorithm on holds its next small packet until its last one is acknowledged.
+DELAYED_ACK_S = 0.040
+
+
+class NagleClient:
+    """A paho-mqtt client as applications run it: Nagle's algorithm left on, and paho's own
+    network thread (`loop_start`), so publishes from the test's thread are handed to it."""
+
+    def __init__(self, server, client_id, listener, pki, properties=None):
+        self.messages: queue.Queue = queue.Queue()
+        self.acked: queue.Queue = queue.Queue()
+        c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv5,
+            transport="websockets" if listener in ("ws", "wss") else "tcp",
+        )
+        if listener in ("ws", "wss"):
+            c.ws_set_options(path="/mqtt")
+        if listener in ("tls", "wss"):
+            c.tls_set(**trust(pki))
+        c.on_message = lambda _c, _u, m: self.messages.put(m.payload)
+        c.on_subscribe = lambda _c, _u, _mid, codes, _p: self.acked.put(codes)
+        c.connect(server.host, server.endpoints[listener], properties=properties)
+        c.loop_start()
+        self.client = c
+
+    def nagle_is_on(self) -> bool:
+        sock = self.client.socket()
+        sock = getattr(sock, "_socket", sock)  # under paho's WebSocket wrapper
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+
+    def subscribe(self, topic):
+        self.client.subscribe(topic, 1)
+        assert [c.value for c in self.acked.get(timeout=5)] == [1]
+
+    def publish(self, topic, payload):
+        assert self.client.publish(topic, payload, qos=1).rc == mqtt.MQTT_ERR_SUCCESS
+
+    def get(self) -> bytes:
+        return self.messages.get(timeout=10)
+
+    def stop(self):
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@pytest.mark.parametrize("listener", ["tcp", "tls", "ws", "wss"])
+def test_a_nagle_client_that_publishes_never_waits_for_a_delayed_ack(mqkv, pki, listener):
+    """A client that publishes at QoS 1 and receives the message back acknowledges the
+    delivery, then publishes again: with Nagle's algorithm on, that publish waits until the
+    broker's side acknowledges the PUBACK. The broker has it acknowledged at once, on every
+    listener kind, so no round trip waits for a delayed ACK."""
+    server = all_listeners(mqkv, pki)
+    c = NagleClient(server, f"nagle-{listener}", listener, pki)
+    c.subscribe("nagle/echo")
+    assert c.nagle_is_on(), "paho-mqtt was expected to leave Nagle's algorithm on"
+    rounds = []
+    for i in range(20):
+        started = time.monotonic()
+        c.publish("nagle/echo", b"%d" % i)
+        assert c.get() == b"%d" % i
+        rounds.append(time.monotonic() - started)
+    rounds.sort()
+    # Waiting for delayed ACKs, every round trip after the first takes 40 ms or more.
+    assert rounds[len(rounds) // 2] < DELAYED_ACK_S / 2, rounds
+    c.stop()
+
+
+@pytest.mark.parametrize("listener", ["tcp", "tls"])
+def test_a_nagle_subscriber_with_a_small_receive_maximum_keeps_up(mqkv, pki, listener):
+    """A client that only subscribes gets no quick ACKs: it acknowledges each delivery in
+    answer to it, and the next delivery carries the ACK its held acknowledgements wait for.
+    With a receive maximum of 2, a burst of QoS 1 messages still flows without delayed-ACK
+    waits, every one delivered once and in order."""
+    server = all_listeners(mqkv, pki)
+    narrow = props(PacketTypes.CONNECT, ReceiveMaximum=2)
+    sub = NagleClient(server, f"narrow-{listener}", listener, pki, properties=narrow)
+    sub.subscribe("narrow/t")
+    assert sub.nagle_is_on()
+    pub = NagleClient(server, f"narrow-pub-{listener}", listener, pki)
+    n = 400
+    started = time.monotonic()
+    for i in range(n):
+        pub.publish("narrow/t", b"%d" % i)
+    got = [sub.get() for _ in range(n)]
+    took = time.monotonic() - started
+    assert got == [b"%d" % i for i in range(n)]
+    # Stalled on delayed ACKs, each window of two would wait 40 ms: 8 s in all.
+    assert took < n / 2 * DELAYED_ACK_S / 4, took
+    for c in (pub, sub):
+        c.stop()

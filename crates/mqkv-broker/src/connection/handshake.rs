@@ -390,6 +390,7 @@ pub(crate) async fn run(
         moves: 0,
         move_after: Instant::now(),
         published: false,
+        has_published: false,
         read_room,
         queued: VecDeque::new(),
         front_fresh: false,

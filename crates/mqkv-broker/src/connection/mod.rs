@@ -164,6 +164,10 @@ pub(super) struct Conn {
     move_after: Instant,
     /// Whether the connection published to other clients since it was last asked to move.
     published: bool,
+    /// Whether the client has sent a PUBLISH: such a client may hold its next packet until the
+    /// ACK of its last acknowledgement comes, so reads of acknowledgements alone ask for that
+    /// ACK at once (see `transport::quickack`).
+    has_published: bool,
     read_room: ReadRoom,
     /// Publishes to services whose acknowledgement has not gone out yet, in arrival order (see
     /// [`crate::service`]). Invariant: the ones not yet started are at the back, and the front

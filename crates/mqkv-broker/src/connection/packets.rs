@@ -85,6 +85,7 @@ impl Conn {
             }
             match packet {
                 Packet::Publish(p) => {
+                    self.has_published = true;
                     if let Some(handoff) = self.publish(p)? {
                         if self.queued.len() >= self.work_limit() {
                             return Ok(Step::Room(Box::new(handoff)));

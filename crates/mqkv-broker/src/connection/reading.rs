@@ -226,7 +226,10 @@ impl Conn {
                         last = Instant::now();
                         received = true;
                         self.read_room.read(n, room);
-                        if held == 0 && crate::transport::only_acknowledgements(&buf) {
+                        if held == 0
+                            && self.has_published
+                            && crate::transport::only_acknowledgements(&buf)
+                        {
                             rd.ack_at_once();
                         }
                     }

@@ -2,6 +2,7 @@
 //! connection is split from.
 
 use std::io::IoSlice;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -15,6 +16,16 @@ use super::socket::Socket;
 pub enum Io {
     Tcp(TcpStream),
     Tls(Box<TlsStream<Socket>>),
+}
+
+impl Io {
+    /// The descriptor of the TCP socket beneath; none while a TLS connection moves.
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
+        match self {
+            Io::Tcp(s) => Some(s.as_raw_fd()),
+            Io::Tls(s) => s.get_ref().0.raw_fd(),
+        }
+    }
 }
 
 impl AsyncRead for Io {

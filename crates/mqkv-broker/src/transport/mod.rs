@@ -13,6 +13,7 @@ pub mod tls;
 pub mod ws;
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -111,22 +112,29 @@ impl Stream {
                 (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
             }
             Stream::Tls(s) => {
-                let (r, w) = tokio::io::split(Io::Tls(s));
-                (ReadHalf::Io(r), WriteHalf::Io(w))
+                let io = Io::Tls(s);
+                let fd = io.raw_fd();
+                let (r, w) = tokio::io::split(io);
+                (ReadHalf::Io(r, fd), WriteHalf::Io(w))
             }
             Stream::Ws(s) => {
+                let fd = s.get_ref().raw_fd();
                 let (w, r) = (*s).split();
-                (ReadHalf::Ws(r), WriteHalf::Ws(w))
+                (ReadHalf::Ws(r, fd), WriteHalf::Ws(w))
             }
         }
     }
 }
 
-/// The reading side of a connection.
+/// The reading side of a connection. Over TLS and WebSocket it keeps the descriptor of the
+/// TCP socket beneath, for [`ReadHalf::ack_at_once`]; the half keeps that socket open.
 pub(crate) enum ReadHalf {
     Tcp(OwnedReadHalf),
-    Io(tokio::io::ReadHalf<Io>),
-    Ws(futures_util::stream::SplitStream<WebSocketStream<Io>>),
+    Io(tokio::io::ReadHalf<Io>, Option<RawFd>),
+    Ws(
+        futures_util::stream::SplitStream<WebSocketStream<Io>>,
+        Option<RawFd>,
+    ),
 }
 
 /// The writing side of a connection.
@@ -142,8 +150,8 @@ impl ReadHalf {
     pub(crate) async fn read_buf(&mut self, buf: &mut BytesMut) -> std::io::Result<usize> {
         match self {
             ReadHalf::Tcp(r) => r.read_buf(buf).await,
-            ReadHalf::Io(r) => r.read_buf(buf).await,
-            ReadHalf::Ws(r) => loop {
+            ReadHalf::Io(r, _) => r.read_buf(buf).await,
+            ReadHalf::Ws(r, _) => loop {
                 match r.next().await {
                     None => return Ok(0),
                     Some(Ok(m)) => {
@@ -164,7 +172,7 @@ impl ReadHalf {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match self {
             ReadHalf::Tcp(r) => r.try_read_buf(buf),
-            ReadHalf::Io(r) => {
+            ReadHalf::Io(r, _) => {
                 let room = buf.spare_capacity_mut();
                 let mut rb = ReadBuf::uninit(room);
                 match std::pin::Pin::new(r).poll_read(&mut cx, &mut rb) {
@@ -178,7 +186,7 @@ impl ReadHalf {
                     Poll::Pending => would_block(),
                 }
             }
-            ReadHalf::Ws(r) => loop {
+            ReadHalf::Ws(r, _) => loop {
                 match r.poll_next_unpin(&mut cx) {
                     Poll::Pending => return would_block(),
                     Poll::Ready(None) => return Ok(0),
@@ -193,11 +201,15 @@ impl ReadHalf {
         }
     }
 
-    /// Has the kernel acknowledge what was read at once, on plain TCP (see [`quickack`]):
-    /// for input that holds only acknowledgements, which get no answer to carry the ACK.
+    /// Has the kernel acknowledge what was read at once (see [`quickack`]): for input that
+    /// holds only acknowledgements, which get no answer to carry the ACK.
     pub(crate) fn ack_at_once(&self) {
-        if let ReadHalf::Tcp(r) = self {
-            quickack::ack_at_once(r.as_ref());
+        let fd = match self {
+            ReadHalf::Tcp(r) => Some(r.as_ref().as_raw_fd()),
+            ReadHalf::Io(_, fd) | ReadHalf::Ws(_, fd) => *fd,
+        };
+        if let Some(fd) = fd {
+            quickack::ack_at_once(fd);
         }
     }
 }
@@ -315,7 +327,7 @@ pub(crate) fn detach(
             Ok(s) => Ok(s.into_std().map(|s| (s, Parked(None)))),
             Err(e) => Err((ReadHalf::Tcp(e.0), WriteHalf::Tcp(e.1))),
         },
-        (ReadHalf::Io(r), WriteHalf::Io(w)) if r.is_pair_of(&w) => match r.unsplit(w) {
+        (ReadHalf::Io(r, _), WriteHalf::Io(w)) if r.is_pair_of(&w) => match r.unsplit(w) {
             Io::Tls(mut tls) => Ok(tls.get_mut().0.detach().map(|s| (s, Parked(Some(tls))))),
             Io::Tcp(tcp) => Ok(tcp.into_std().map(|s| (s, Parked(None)))),
         },
@@ -325,7 +337,7 @@ pub(crate) fn detach(
 
 /// Whether a connection over these halves can move between threads (see [`detach`]).
 pub(crate) fn movable(rd: &ReadHalf) -> bool {
-    matches!(rd, ReadHalf::Tcp(_) | ReadHalf::Io(_))
+    matches!(rd, ReadHalf::Tcp(_) | ReadHalf::Io(..))
 }
 
 /// Whether a write costs little more than its bytes: on plain TCP, not over TLS or WebSocket,

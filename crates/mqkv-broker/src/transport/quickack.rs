@@ -5,22 +5,25 @@
 //! sending it along with data. A client that leaves Nagle's algorithm on (paho-mqtt, and
 //! rumqttc unless told otherwise) holds its next small packet until that ACK comes: a client
 //! that publishes at QoS 1 and receives on the same connection, as every state store client
-//! does, then waited about 45 ms per request. Asking for a quick ACK sends the ACK at once; the
-//! kernel clears the request as it goes, so it is asked for each time.
+//! does, then waited about 45 ms per request, over TCP, TLS and WebSocket alike. Asking for a
+//! quick ACK sends the ACK at once; the kernel clears the request as it goes, so it is asked
+//! for each time.
 //!
 //! It is asked for only after a read that brought nothing but acknowledgements the broker does
 //! not answer (PUBACK, PUBCOMP): anything else gets an answer that carries the ACK. Asking after
 //! every read cost a system call per read, 11 % of durable SET throughput at 64 clients (see
-//! `docs/design/performance.md`).
+//! `docs/design/performance.md`). And it is asked for only on the connection of a client that
+//! has published (see `connection::reading`): a client that only subscribes sends its next
+//! acknowledgement in answer to the next delivery, which carries the ACK it waits for.
 
 #[cfg(target_os = "linux")]
-pub(crate) fn ack_at_once(socket: &impl std::os::fd::AsRawFd) {
+pub(crate) fn ack_at_once(socket: std::os::fd::RawFd) {
     let on: libc::c_int = 1;
-    // SAFETY: a valid descriptor borrowed for the call, and a pointer to a live c_int with
-    // its size; the call reads nothing else.
+    // SAFETY: the descriptor of a socket the caller's read half keeps open, and a pointer to
+    // a live c_int with its size; the call reads nothing else.
     unsafe {
         libc::setsockopt(
-            socket.as_raw_fd(),
+            socket,
             libc::IPPROTO_TCP,
             libc::TCP_QUICKACK,
             std::ptr::from_ref(&on).cast(),
@@ -31,7 +34,7 @@ pub(crate) fn ack_at_once(socket: &impl std::os::fd::AsRawFd) {
 
 /// Elsewhere there is no such request to make.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn ack_at_once<T>(_socket: &T) {}
+pub(crate) fn ack_at_once(_socket: std::os::fd::RawFd) {}
 
 /// True if `bytes` is one or more whole PUBACK or PUBCOMP packets and nothing else.
 pub(crate) fn only_acknowledgements(mut bytes: &[u8]) -> bool {

@@ -3,6 +3,7 @@
 //! connection moves between threads (see `connection::Conn::try_move`).
 
 use std::io::IoSlice;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -31,6 +32,11 @@ impl Socket {
     /// Puts back the socket [`Socket::detach`] took, registered on the calling thread.
     pub(crate) fn attach(&mut self, tcp: TcpStream) {
         self.0 = Some(tcp);
+    }
+
+    /// The socket's descriptor; none while it moves.
+    pub(crate) fn raw_fd(&self) -> Option<RawFd> {
+        self.0.as_ref().map(AsRawFd::as_raw_fd)
     }
 
     fn live(self: Pin<&mut Self>) -> std::io::Result<Pin<&mut TcpStream>> {
