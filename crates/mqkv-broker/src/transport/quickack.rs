@@ -14,7 +14,9 @@
 //! every read cost a system call per read, 11 % of durable SET throughput at 64 clients (see
 //! `docs/design/performance.md`). And it is asked for only on the connection of a client that
 //! has published (see `connection::reading`): a client that only subscribes sends its next
-//! acknowledgement in answer to the next delivery, which carries the ACK it waits for.
+//! acknowledgement in answer to the next delivery, which carries the ACK it waits for. Such a
+//! client's other packets (a PINGREQ, a SUBSCRIBE) sent just after an acknowledgement may wait
+//! for the delayed ACK, once each; its first PUBLISH does, and from then on it gets quick ACKs.
 
 #[cfg(target_os = "linux")]
 pub(crate) fn ack_at_once(socket: std::os::fd::RawFd) {
