@@ -16,7 +16,7 @@
 //! has published (see `connection::reading`): a client that only subscribes sends its next
 //! acknowledgement in answer to the next delivery, which carries the ACK it waits for. Such a
 //! client's other packets (a PINGREQ, a SUBSCRIBE) sent just after an acknowledgement may wait
-//! for the delayed ACK, once each; its first PUBLISH does, and from then on it gets quick ACKs.
+//! for the delayed ACK, once each; so may its first PUBLISH, after which it gets quick ACKs.
 
 #[cfg(target_os = "linux")]
 pub(crate) fn ack_at_once(socket: std::os::fd::RawFd) {
