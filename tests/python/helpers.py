@@ -354,6 +354,11 @@ class Paho:
             self.client.will_set(**will)
         if username is not None:
             self.client.username_pw_set(username, password)
+        # Every write happens on the loop thread below. With no write callback registered,
+        # paho writes a packet queued from another thread (a publish from the test) in that
+        # thread, while the loop thread may be writing too; over WebSocket that interleaves
+        # frames. With one, paho only queues the packet and wakes the loop thread.
+        self.client.on_socket_register_write = lambda *_: None
         cleanup.add(self)
         ckw = {}
         if version == V5:

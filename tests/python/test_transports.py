@@ -472,52 +472,32 @@ def read_packet(s) -> bytes:
 # Clients that leave Nagle's algorithm on
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("listener", ["tls", "ws", "wss"])
+def test_a_burst_published_while_deliveries_arrive_comes_back_whole(mqkv, pki, listener):
+    """A client publishes 2,000 QoS 1 messages to its own subscription as fast as it can,
+    while the broker's deliveries and acknowledgements stream back on the same connection:
+    every message arrives once and in order, and the connection stays up."""
+    server = all_listeners(mqkv, pki)
+    c = Paho(server, f"burst-{listener}", listener=listener, tls=trust(pki))
+    assert c.subscribe("burst/t", 1) == [1]
+    n = 2000
+    for i in range(n):
+        c.publish("burst/t", b"%d" % i, qos=1, wait=False)
+    got = [m.payload for m in c.collect(n, timeout=20)]
+    assert got == [b"%d" % i for i in range(n)]
+    assert not c.disconnected.is_set()
+
+
 # Linux holds back an ACK that has no data to ride on for at least 40 ms. A client with Nagle's
 # algorithm on holds its next small packet until its last one is acknowledged.
 DELAYED_ACK_S = 0.040
 
 
-class NagleClient:
-    """A paho-mqtt client as applications run it: Nagle's algorithm left on, and paho's own
-    network thread (`loop_start`), so publishes from the test's thread are handed to it."""
-
-    def __init__(self, server, client_id, listener, pki, properties=None):
-        self.messages: queue.Queue = queue.Queue()
-        self.acked: queue.Queue = queue.Queue()
-        c = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=mqtt.MQTTv5,
-            transport="websockets" if listener in ("ws", "wss") else "tcp",
-        )
-        if listener in ("ws", "wss"):
-            c.ws_set_options(path="/mqtt")
-        if listener in ("tls", "wss"):
-            c.tls_set(**trust(pki))
-        c.on_message = lambda _c, _u, m: self.messages.put(m.payload)
-        c.on_subscribe = lambda _c, _u, _mid, codes, _p: self.acked.put(codes)
-        c.connect(server.host, server.endpoints[listener], properties=properties)
-        c.loop_start()
-        self.client = c
-
-    def nagle_is_on(self) -> bool:
-        sock = self.client.socket()
-        sock = getattr(sock, "_socket", sock)  # under paho's WebSocket wrapper
-        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
-
-    def subscribe(self, topic):
-        self.client.subscribe(topic, 1)
-        assert [c.value for c in self.acked.get(timeout=5)] == [1]
-
-    def publish(self, topic, payload):
-        assert self.client.publish(topic, payload, qos=1).rc == mqtt.MQTT_ERR_SUCCESS
-
-    def get(self) -> bytes:
-        return self.messages.get(timeout=10)
-
-    def stop(self):
-        self.client.disconnect()
-        self.client.loop_stop()
+def nagle_is_on(client: Paho) -> bool:
+    """Whether the client's TCP socket has Nagle's algorithm on, as paho-mqtt leaves it."""
+    sock = client.client.socket()
+    sock = getattr(sock, "_socket", sock)  # under paho's WebSocket wrapper
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
 
 
 @pytest.mark.parametrize("listener", ["tcp", "tls", "ws", "wss"])
@@ -527,19 +507,18 @@ def test_a_nagle_client_that_publishes_never_waits_for_a_delayed_ack(mqkv, pki, 
     broker's side acknowledges the PUBACK. The broker has it acknowledged at once, on every
     listener kind, so no round trip waits for a delayed ACK."""
     server = all_listeners(mqkv, pki)
-    c = NagleClient(server, f"nagle-{listener}", listener, pki)
-    c.subscribe("nagle/echo")
-    assert c.nagle_is_on(), "paho-mqtt was expected to leave Nagle's algorithm on"
+    c = Paho(server, f"nagle-{listener}", listener=listener, tls=trust(pki))
+    assert c.subscribe("nagle/echo", 1) == [1]
+    assert nagle_is_on(c), "paho-mqtt was expected to leave Nagle's algorithm on"
     rounds = []
     for i in range(20):
         started = time.monotonic()
-        c.publish("nagle/echo", b"%d" % i)
-        assert c.get() == b"%d" % i
+        c.publish("nagle/echo", b"%d" % i, qos=1, wait=False)
+        assert c.get(10).payload == b"%d" % i
         rounds.append(time.monotonic() - started)
     rounds.sort()
     # Waiting for delayed ACKs, every round trip after the first takes 40 ms or more.
     assert rounds[len(rounds) // 2] < DELAYED_ACK_S / 2, rounds
-    c.stop()
 
 
 @pytest.mark.parametrize("listener", ["tcp", "tls"])
@@ -550,18 +529,17 @@ def test_a_nagle_subscriber_with_a_small_receive_maximum_keeps_up(mqkv, pki, lis
     waits, every one delivered once and in order."""
     server = all_listeners(mqkv, pki)
     narrow = props(PacketTypes.CONNECT, ReceiveMaximum=2)
-    sub = NagleClient(server, f"narrow-{listener}", listener, pki, properties=narrow)
-    sub.subscribe("narrow/t")
-    assert sub.nagle_is_on()
-    pub = NagleClient(server, f"narrow-pub-{listener}", listener, pki)
+    sub = Paho(server, f"narrow-{listener}", listener=listener, tls=trust(pki),
+               properties=narrow)
+    assert sub.subscribe("narrow/t", 1) == [1]
+    assert nagle_is_on(sub)
+    pub = Paho(server, f"narrow-pub-{listener}", listener=listener, tls=trust(pki))
     n = 400
     started = time.monotonic()
     for i in range(n):
-        pub.publish("narrow/t", b"%d" % i)
-    got = [sub.get() for _ in range(n)]
+        pub.publish("narrow/t", b"%d" % i, qos=1, wait=False)
+    got = [m.payload for m in sub.collect(n, timeout=10)]
     took = time.monotonic() - started
     assert got == [b"%d" % i for i in range(n)]
     # Stalled on delayed ACKs, each window of two would wait 40 ms: 8 s in all.
     assert took < n / 2 * DELAYED_ACK_S / 4, took
-    for c in (pub, sub):
-        c.stop()
