@@ -28,8 +28,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(valid) = mqkv_raft::replay_segment(&bytes, newest) {
         let valid = usize::try_from(valid).expect("a length");
         assert!(valid <= bytes.len());
-        let again = mqkv_raft::replay_segment(&bytes[..valid], newest)
-            .expect("the kept prefix replays");
+        let again =
+            mqkv_raft::replay_segment(&bytes[..valid], newest).expect("the kept prefix replays");
         assert_eq!(usize::try_from(again).expect("a length"), valid);
     }
 });

@@ -17,6 +17,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Response::parse_values(&values.encode()), Ok(values));
     }
     if let Ok(notification) = Notification::parse(data) {
-        assert_eq!(Notification::parse(&notification.encode()), Ok(notification));
+        assert_eq!(
+            Notification::parse(&notification.encode()),
+            Ok(notification)
+        );
     }
 });

@@ -6,7 +6,9 @@
 use libfuzzer_sys::fuzz_target;
 use mqkv_broker::transport::ws::{parse_request, UpgradeError};
 
-fn summary(r: &Result<Option<(usize, mqkv_broker::transport::ws::Upgrade)>, UpgradeError>) -> String {
+fn summary(
+    r: &Result<Option<(usize, mqkv_broker::transport::ws::Upgrade)>, UpgradeError>,
+) -> String {
     format!("{r:?}")
 }
 

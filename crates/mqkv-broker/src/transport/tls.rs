@@ -157,49 +157,118 @@ pub struct PeerCertificate {
 
 /// The verified client certificate of a finished handshake, if the client sent one.
 pub(crate) fn peer_certificate(conn: &ServerConnection) -> Option<PeerCertificate> {
-    let chain = conn.peer_certificates()?;
-    let der = chain.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let common_name = subject
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())
-        .map(str::to_owned);
-    let mut subject_alt_names = Vec::new();
-    if let Ok(Some(san)) = cert.subject_alternative_name() {
-        use x509_parser::extensions::GeneralName;
-        for name in &san.value.general_names {
-            match name {
-                GeneralName::DNSName(n) | GeneralName::RFC822Name(n) | GeneralName::URI(n) => {
-                    subject_alt_names.push((*n).to_owned())
+    PeerCertificate::from_chain(conn.peer_certificates()?)
+}
+
+impl PeerCertificate {
+    /// What a certificate chain (DER, the client's own certificate first) says about the
+    /// client; `None` when the chain is empty or its first certificate does not parse.
+    /// Certificates further up that do not parse are left out of `issuers`.
+    pub fn from_chain<C: AsRef<[u8]>>(chain: &[C]) -> Option<PeerCertificate> {
+        let der = chain.first()?.as_ref();
+        let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+        let subject = cert.subject();
+        let common_name = subject
+            .iter_common_name()
+            .next()
+            .and_then(|cn| cn.as_str().ok())
+            .map(str::to_owned);
+        let mut subject_alt_names = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            use x509_parser::extensions::GeneralName;
+            for name in &san.value.general_names {
+                match name {
+                    GeneralName::DNSName(n) | GeneralName::RFC822Name(n) | GeneralName::URI(n) => {
+                        subject_alt_names.push((*n).to_owned())
+                    }
+                    GeneralName::IPAddress(ip) => subject_alt_names.extend(ip_address(ip)),
+                    _ => {}
                 }
-                GeneralName::IPAddress(ip) => {
-                    let ip = match ip.len() {
-                        4 => <[u8; 4]>::try_from(*ip)
-                            .ok()
-                            .map(|b| std::net::IpAddr::from(b).to_string()),
-                        16 => <[u8; 16]>::try_from(*ip)
-                            .ok()
-                            .map(|b| std::net::IpAddr::from(b).to_string()),
-                        _ => None,
-                    };
-                    subject_alt_names.extend(ip);
-                }
-                _ => {}
             }
         }
+        let issuers = chain
+            .iter()
+            .filter_map(|der| x509_parser::parse_x509_certificate(der.as_ref()).ok())
+            .map(|(_, c)| c.issuer().to_string())
+            .collect();
+        Some(PeerCertificate {
+            subject: subject.to_string(),
+            common_name,
+            subject_alt_names,
+            issuers,
+            der: der.to_vec(),
+        })
     }
-    let issuers = chain
-        .iter()
-        .filter_map(|der| x509_parser::parse_x509_certificate(der).ok())
-        .map(|(_, c)| c.issuer().to_string())
-        .collect();
-    Some(PeerCertificate {
-        subject: subject.to_string(),
-        common_name,
-        subject_alt_names,
-        issuers,
-        der: der.to_vec(),
-    })
+}
+
+/// An IP address subject alternative name (4 or 16 bytes) as text.
+fn ip_address(ip: &[u8]) -> Option<String> {
+    let ip = match ip.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(ip).ok()?),
+        16 => std::net::IpAddr::from(<[u8; 16]>::try_from(ip).ok()?),
+        _ => return None,
+    };
+    Some(ip.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+
+    fn certificate(cn: &str, issuer: Option<(&CertificateParams, &KeyPair)>) -> Vec<u8> {
+        let mut params =
+            CertificateParams::new(vec!["device-1.example".to_owned()]).expect("parameters");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params
+            .distinguished_name
+            .push(DnType::OrganizationName, "Contoso");
+        params.subject_alt_names.extend([
+            SanType::IpAddress("10.1.2.3".parse().expect("ip")),
+            SanType::IpAddress("fd00::1".parse().expect("ip")),
+            SanType::Rfc822Name("ops@example.com".try_into().expect("e-mail")),
+        ]);
+        let key = KeyPair::generate().expect("key");
+        let cert = match issuer {
+            None => params.self_signed(&key),
+            Some((ca, ca_key)) => {
+                let issuer = rcgen::Issuer::from_params(ca, ca_key);
+                params.signed_by(&key, &issuer)
+            }
+        };
+        cert.expect("certificate").der().to_vec()
+    }
+
+    #[test]
+    fn a_chain_gives_the_subject_its_names_and_the_issuers() {
+        let mut ca = CertificateParams::new(Vec::new()).expect("parameters");
+        ca.distinguished_name.push(DnType::CommonName, "Test CA");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().expect("key");
+        let ca_der = ca.self_signed(&ca_key).expect("CA").der().to_vec();
+        let leaf = certificate("device-1", Some((&ca, &ca_key)));
+        let got = PeerCertificate::from_chain(&[leaf.clone(), ca_der]).expect("parsed");
+        assert_eq!(got.common_name.as_deref(), Some("device-1"));
+        assert!(got.subject.contains("CN=device-1"), "{}", got.subject);
+        assert!(got.subject.contains("O=Contoso"), "{}", got.subject);
+        assert_eq!(
+            got.subject_alt_names,
+            ["device-1.example", "10.1.2.3", "fd00::1", "ops@example.com"]
+        );
+        assert_eq!(got.issuers, ["CN=Test CA", "CN=Test CA"]);
+        assert_eq!(got.der, leaf);
+    }
+
+    #[test]
+    fn an_empty_or_unparsable_chain_identifies_nobody() {
+        assert_eq!(PeerCertificate::from_chain::<Vec<u8>>(&[]), None);
+        assert_eq!(PeerCertificate::from_chain(&[b"not a certificate"]), None);
+        let leaf = certificate("device-2", None);
+        let mut cut = leaf.clone();
+        cut.truncate(leaf.len() / 2);
+        assert_eq!(PeerCertificate::from_chain(&[cut]), None);
+        // A broken certificate above the client's own is left out of the issuers.
+        let got = PeerCertificate::from_chain(&[leaf, b"junk".to_vec()]).expect("parsed");
+        assert_eq!(got.issuers.len(), 1);
+    }
 }

@@ -161,15 +161,21 @@ pub(crate) async fn upgrade(
     response.push_str("\r\n");
     io.write_all(response.as_bytes()).await?;
     io.flush().await?;
-    // The library zeroes its read buffer's room before each read: room for 8 KiB instead of
-    // its default 128 KiB keeps that, and what an idle connection holds, small.
-    let config = WebSocketConfig::default()
-        .read_buffer_size(READ_BUFFER)
-        .max_message_size(Some(max_message))
-        .max_frame_size(Some(max_message));
     // Frames the client sent right behind its request are the stream's first bytes.
     let rest = buf.split_off(head_len).to_vec();
+    let config = config(max_message);
     Ok(WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await)
+}
+
+/// How the library frames a connection whose MQTT packets may be `max_message` bytes long: no
+/// message or frame longer than that is taken.
+pub fn config(max_message: usize) -> WebSocketConfig {
+    // The library zeroes its read buffer's room before each read: room for 8 KiB instead of
+    // its default 128 KiB keeps that, and what an idle connection holds, small.
+    WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER)
+        .max_message_size(Some(max_message))
+        .max_frame_size(Some(max_message))
 }
 
 async fn respond_error(io: &mut Io, status: u16, reason: &str) {
@@ -199,7 +205,7 @@ async fn respond_error(io: &mut Io, status: u16, reason: &str) {
 /// (`Some(n)`, `None` for an empty one), a close is the end of the stream (`Some(0)`), control
 /// messages are skipped (`None`; the library answers pings), and a text message breaks the
 /// MQTT binding (an error).
-pub(crate) fn take(m: Message, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
+pub fn take(m: Message, buf: &mut BytesMut) -> std::io::Result<Option<usize>> {
     match m {
         Message::Binary(b) if b.is_empty() => Ok(None),
         Message::Binary(b) => {
