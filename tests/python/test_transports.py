@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import os
-import queue
 import shutil
 import signal
 import socket
@@ -19,6 +18,7 @@ import pytest
 
 from certs import make_pki
 from helpers import HOST, PacketTypes, Paho, Proc, V5, V311, assert_healthy, props, run, wait_for
+from mqttraw import PUBACK, RawClient
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None,
@@ -451,6 +451,83 @@ def test_raw_mqtt_limits_hold_over_tls(mqkv, pki):
         s.sendall(bytes([0x30, len(body)]) + body)
         reply = read_packet(s)
         assert reply[0] == 0xE0 and reply[2] == 0x90, reply  # Topic Name invalid
+
+
+def tls_session(server, ctx, client_id, session=None, publish=()):
+    """Connects over TLS (resuming `session` if given) with a raw MQTT client, publishes each of
+    `publish` at QoS 1, and disconnects. Returns the TLS session to resume, whether this one
+    was resumed, and the PUBACK reason codes."""
+    c = RawClient(HOST, server.endpoints["tls"])
+    c.sock = ctx.wrap_socket(c.sock, server_hostname="localhost", session=session)
+    assert c.connect(client_id).reason == 0
+    codes = []
+    for i, topic in enumerate(publish, start=1):
+        c.publish(topic, b"x", qos=1, packet_id=i)
+        codes.append(c.expect(PUBACK).reason)
+    c.disconnect()
+    # Read to the end, so that the session tickets that came after the handshake are taken in.
+    c.wait_closed()
+    return c.sock.session, c.sock.session_reused, codes
+
+
+def test_any_number_of_clients_resume_their_tls_sessions(mqkv, pki):
+    """A client that comes back resumes its TLS session (no certificate signature, one round
+    trip less), however many other clients connected in between: tickets, not a cache that
+    remembers the last few hundred sessions."""
+    server = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki))
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+    first, reused, _ = tls_session(server, ctx, "first")
+    assert not reused
+    for i in range(300):
+        tls_session(server, ctx, f"between-{i}")
+    _, reused, _ = tls_session(server, ctx, "first", session=first)
+    assert reused, "the session from before 300 other clients was not resumed"
+    # After a reload, every connection makes a full handshake with what was loaded.
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS certificate and key reloaded" in server.stderr_text(),
+             what="the reload")
+    again, reused, _ = tls_session(server, ctx, "first", session=first)
+    assert not reused, "a session from before the reload was resumed"
+    _, reused, _ = tls_session(server, ctx, "first", session=again)
+    assert reused
+
+
+def test_a_resumed_session_keeps_its_client_certificate_identity(mqkv, pki, tmp_path):
+    """A client that resumes a session made with its certificate is still that certificate's
+    holder: its name and the attributes of the subjects in its chain."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("""
+- principals: { usernames: [device-1] }
+  brokerResources:
+    - method: Connect
+    - method: Publish
+      topics: ["devices/{principal.username}/#"]
+- principals:
+    attributes: [{ organization: contoso }]
+  brokerResources:
+    - method: Publish
+      topics: ["org/{principal.attributes.organization}/#"]
+""")
+    server = mqkv(
+        "--listen-tls", f"{HOST}:0",
+        *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path, "--tls-require-client-cert"),
+        "--policy", policy,
+        config=f"""
+[[certificate_attributes]]
+subject = "{pki.ca.cert.subject.rfc4514_string()}"
+attributes = {{ organization = "contoso" }}
+""",
+    )
+    ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+    ctx.load_cert_chain(pki.client.cert_path, pki.client.key_path)
+    topics = ["devices/device-1/t", "org/contoso/t", "devices/device-2/t"]
+    # Allowed, with no subscribers (0x10); allowed through the CA's attribute; not allowed.
+    expected = [0x10, 0x10, 0x87]
+    session, reused, codes = tls_session(server, ctx, "dev", publish=topics)
+    assert not reused and codes == expected
+    _, reused, codes = tls_session(server, ctx, "dev", session=session, publish=topics)
+    assert reused
+    assert codes == expected
 
 
 def read_packet(s) -> bytes:

@@ -8,7 +8,7 @@ use clap::Parser;
 
 use crate::workloads::Settings;
 
-const ALL_WORKLOADS: [&str; 14] = [
+const ALL_WORKLOADS: [&str; 15] = [
     "set",
     "get",
     "mix",
@@ -21,6 +21,7 @@ const ALL_WORKLOADS: [&str; 14] = [
     "policy",
     "rate",
     "storm",
+    "storm-tls",
     "mem-conns",
     "mem-keys",
 ];
@@ -36,7 +37,8 @@ const ALL_WORKLOADS: [&str; 14] = [
                   Mosquitto); tls, ws (pub/sub QoS 1 fan-in and fan-out over TLS and over WebSocket, with \
                   Mosquitto on the same transport); policy (pub/sub QoS 1 fan-in and SET with a 100-rule \
                   authorization policy against none); rate (QoS 1 latency at a fixed rate); storm (connects per \
-                  second); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
+                  second); storm-tls (connects per second over TLS, 1,024 devices resuming their own \
+                  sessions, and with full handshakes); mem-conns (RSS per idle connection); mem-keys (RSS per stored key)."
 )]
 pub(crate) struct Args {
     /// Every workload at tiny sizes and durations, to check that the harness works.

@@ -23,6 +23,8 @@ pub(crate) enum Job {
     PubSub(bool, QoS, usize, Wire),
     Rate,
     Storm(usize),
+    /// A connection storm over TLS: clients, and whether every handshake is a full one.
+    StormTls(usize, bool),
     MemConns,
     MemKeys,
 }
@@ -135,6 +137,17 @@ pub(crate) fn jobs(p: &Plan, bins: &Binaries) -> Vec<(Target, Job)> {
                     }
                 }
             }
+            "storm-tls" => {
+                for full in [false, true] {
+                    for &c in &p.storm_clients {
+                        for t in [Target::Mqkv, Target::Mosquitto] {
+                            if has(t) {
+                                out.push((t, Job::StormTls(c, full)));
+                            }
+                        }
+                    }
+                }
+            }
             "mem-conns" => {
                 for t in [Target::Mqkv, Target::Mosquitto] {
                     if has(t) {
@@ -169,6 +182,8 @@ fn workload_name(job: &Job) -> &'static str {
         Job::PubSub(false, .., Wire::Ws) => "pubsub-fanout-ws",
         Job::Rate => "pubsub-rate",
         Job::Storm(_) => "conn-storm",
+        Job::StormTls(_, false) => "conn-storm-tls",
+        Job::StormTls(_, true) => "conn-storm-tls-full",
         Job::MemConns => "mem-idle-conns",
         Job::MemKeys => "mem-keys",
     }
@@ -180,7 +195,8 @@ fn job_clients(job: &Job, s: &Settings) -> usize {
         | Job::Pipe(c, _)
         | Job::Notify(c, _)
         | Job::PubSub(_, _, c, _)
-        | Job::Storm(c) => *c,
+        | Job::Storm(c)
+        | Job::StormTls(c, _) => *c,
         Job::Rate => 1,
         Job::MemConns => s.idle_connections,
         Job::MemKeys => 64,
@@ -210,6 +226,7 @@ pub(crate) fn run_job(
 ) -> RunResult {
     let wire = match job {
         Job::PubSub(.., wire) => *wire,
+        Job::StormTls(..) => Wire::Tls,
         _ => Wire::Tcp,
     };
     let server = match Server::start_over(target, wire, bins.certs.as_ref(), bins, scratch) {
@@ -230,6 +247,7 @@ pub(crate) fn run_job(
             }
             Job::Rate => crate::workloads::rate(&server, s).await,
             Job::Storm(c) => crate::workloads::storm(&server, *c, s).await,
+            Job::StormTls(c, full) => crate::workloads::storm_tls(&server, *c, *full, s).await,
             Job::MemConns => crate::workloads::mem_idle(&server, s.idle_connections).await,
             Job::MemKeys => crate::workloads::mem_keys(&server, s.stored_keys).await,
         }

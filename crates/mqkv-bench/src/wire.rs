@@ -118,6 +118,24 @@ impl Dial {
         })
     }
 
+    /// The same, for one device of many: over TLS with a session store of its own, so that
+    /// it resumes only its own sessions (`resume`), or with none, so that every connection
+    /// makes a full handshake.
+    pub fn one_device(&self, resume: bool) -> Dial {
+        match self {
+            Dial::Tls(shared) => {
+                let mut config = (**shared).clone();
+                config.resumption = if resume {
+                    rustls::client::Resumption::in_memory_sessions(4)
+                } else {
+                    rustls::client::Resumption::disabled()
+                };
+                Dial::Tls(Arc::new(config))
+            }
+            other => other.clone(),
+        }
+    }
+
     pub async fn connect(&self, addr: SocketAddr) -> Result<Link> {
         let tcp = TcpStream::connect(addr)
             .await
@@ -160,6 +178,15 @@ pub enum Link {
 }
 
 impl Link {
+    /// The TCP connection beneath.
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Link::Tcp(s) => s,
+            Link::Tls(s) => s.get_ref().0,
+            Link::Ws(s) => s.get_ref(),
+        }
+    }
+
     /// The TCP stream of a plain TCP connection.
     pub fn into_tcp(self) -> Option<TcpStream> {
         match self {

@@ -130,6 +130,8 @@ fn smoke_run_reports_every_workload() {
         ("pubsub-fanout-ws", true),
         ("pubsub-rate", true),
         ("conn-storm", true),
+        ("conn-storm-tls", true),
+        ("conn-storm-tls-full", true),
         ("mem-idle-conns", false),
         ("mem-keys", false),
     ] {
@@ -177,7 +179,8 @@ fn smoke_run_reports_every_workload() {
         }
     }
     if has_mosquitto {
-        for wl in PUBSUB.into_iter().chain(["pubsub-rate", "conn-storm"]) {
+        let storms = ["conn-storm", "conn-storm-tls", "conn-storm-tls-full"];
+        for wl in PUBSUB.into_iter().chain(["pubsub-rate"]).chain(storms) {
             check_present(&doc, wl, "mosquitto", true);
         }
         check_present(&doc, "mem-idle-conns", "mosquitto", false);

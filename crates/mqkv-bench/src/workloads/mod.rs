@@ -21,7 +21,7 @@ pub use kv::{kv, pipelined, KvMode};
 pub use memory::{mem_idle, mem_keys};
 pub use notify::notify;
 pub use pubsub::{pubsub, rate};
-pub use storm::storm;
+pub use storm::{storm, storm_tls};
 
 use crate::mqtt::within;
 use crate::report::{new_histogram, Latency, RunResult};

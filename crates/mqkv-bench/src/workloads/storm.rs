@@ -1,4 +1,6 @@
-//! Connection storm: connect, CONNECT, CONNACK, DISCONNECT, close, again.
+//! Connection storm: connect, CONNECT, CONNACK, DISCONNECT, close, again. Over TLS, a fleet
+//! of devices reconnects in turn, each resuming its own last session, or (`full`) each making
+//! a full handshake.
 
 use std::net::SocketAddr;
 
@@ -8,9 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{drive, Settings, Worker};
-use crate::mqtt::{connect_packet, split_frame};
+use crate::mqtt::{connect_packet, split_frame, Conn};
 use crate::report::RunResult;
 use crate::servers::Server;
+use crate::wire::Dial;
+
+/// Devices in a TLS storm: more than a server's session cache would remember (rustls keeps
+/// 256 sessions, OpenSSL 20,480), so that only session tickets let every device resume.
+pub const DEVICES: usize = 1024;
 
 struct Storm {
     addr: SocketAddr,
@@ -18,6 +25,7 @@ struct Storm {
     buf: BytesMut,
 }
 
+/// Reset rather than linger in TIME_WAIT, so a long storm cannot run out of ports.
 fn reset_on_close(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
     let linger = libc::linger {
@@ -64,10 +72,76 @@ impl Worker for Storm {
         let id = format!("bench-storm-{}-{seq}", self.idx);
         let mut stream = handshake(self.addr, &id, &mut self.buf).await?;
         stream.write_all(&[0xE0, 0]).await?;
-        // Reset rather than linger in TIME_WAIT, so a long storm cannot run out of ports.
         reset_on_close(&stream);
         Ok(true)
     }
+}
+
+/// One concurrent client of a TLS storm: the devices it reconnects in turn, each with its own
+/// TLS session store.
+struct TlsStorm {
+    addr: SocketAddr,
+    devices: Vec<(String, Dial)>,
+}
+
+impl TlsStorm {
+    /// Connects device `i` once and leaves.
+    async fn visit(&self, i: usize) -> Result<()> {
+        let Some((id, dial)) = self.devices.get(i % self.devices.len().max(1)) else {
+            bail!("no devices");
+        };
+        let mut conn = Conn::dial(dial, self.addr, id).await?;
+        conn.stream.write_all(&[0xE0, 0]).await?;
+        reset_on_close(conn.stream.tcp());
+        Ok(())
+    }
+}
+
+impl Worker for TlsStorm {
+    async fn op(&mut self, seq: u64) -> Result<bool> {
+        self.visit(seq as usize).await?;
+        Ok(true)
+    }
+}
+
+/// A TLS connection storm: [`DEVICES`] devices over `clients` concurrent clients, resuming
+/// their sessions or (`full`) not.
+pub async fn storm_tls(server: &Server, clients: usize, full: bool, s: &Settings) -> RunResult {
+    let name = if full {
+        "conn-storm-tls-full"
+    } else {
+        "conn-storm-tls"
+    };
+    let mut r = RunResult::new(name, server.target, clients);
+    r.unit = "connects/s".to_owned();
+    let per_client = DEVICES.div_ceil(clients.max(1));
+    let workers: Vec<TlsStorm> = (0..clients)
+        .map(|c| TlsStorm {
+            addr: server.addr,
+            devices: (0..per_client)
+                .map(|d| {
+                    let id = format!("bench-device-{}", c * per_client + d);
+                    (id, server.dial.one_device(!full))
+                })
+                .collect(),
+        })
+        .collect();
+    // Every device has connected once before the load starts, so that it has a session to
+    // resume from its first measured connection on.
+    if !full {
+        for w in &workers {
+            for i in 0..w.devices.len() {
+                if let Err(e) = w.visit(i).await {
+                    r.failed = Some(format!("first connection of a device: {e:#}"));
+                    return r;
+                }
+            }
+        }
+    }
+    drive(workers, s, server).await.fill(&mut r, 1.0);
+    r.extra
+        .insert("devices".into(), (per_client * clients).into());
+    r
 }
 
 pub async fn storm(server: &Server, clients: usize, s: &Settings) -> RunResult {

@@ -134,9 +134,17 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    builder
+    let mut config = builder
         .with_single_cert(chain, key)
-        .map_err(|e| TlsError::Config(format!("certificate and key do not fit: {e}")))
+        .map_err(|e| TlsError::Config(format!("certificate and key do not fit: {e}")))?;
+    // Session tickets let any number of clients resume a session (without the certificate
+    // signature of a full handshake) where the session cache remembers only the last few
+    // hundred. Each configuration gets a ticketer of its own: a ticket from another listener,
+    // or from before a reload, does not resume, so new certificates and CAs apply to every new
+    // connection at once.
+    config.ticketer =
+        rustls::crypto::ring::Ticketer::new().map_err(|e| TlsError::Config(e.to_string()))?;
+    Ok(config)
 }
 
 /// A client certificate that TLS verified: what authentication may identify the client by.
