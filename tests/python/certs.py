@@ -152,3 +152,28 @@ def make_pki(directory: Path) -> Pki:
         stranger=issue(directory, "stranger", other_ca, "device-1", server=False),
         expired=issue(directory, "expired", ca, "device-1", server=False, expired=True),
     )
+
+
+def write_crl(path: Path, ca: Issued, revoked: list[Issued]) -> Path:
+    """A certificate revocation list from `ca` that lists `revoked`, as PEM."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.cert.subject)
+        .last_update(now - datetime.timedelta(days=1))
+        .next_update(now + datetime.timedelta(days=7))
+        .add_extension(x509.CRLNumber(int(now.timestamp())), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
+    )
+    for r in revoked:
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder()
+            .serial_number(r.cert.serial_number)
+            .revocation_date(now - datetime.timedelta(hours=1))
+            .build()
+        )
+    path.write_bytes(builder.sign(ca.key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    return path

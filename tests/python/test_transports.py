@@ -11,14 +11,17 @@ import signal
 import socket
 import ssl
 import struct
+import subprocess
 import time
 
 import paho.mqtt.client as mqtt
 import pytest
 
-from certs import make_pki
-from helpers import HOST, PacketTypes, Paho, Proc, V5, V311, assert_healthy, props, run, wait_for
-from mqttraw import PUBACK, RawClient
+from certs import issue, make_pki, write_crl
+from helpers import (
+    HOST, MQKV_BIN, PacketTypes, Paho, Proc, V5, V311, assert_healthy, props, run, wait_for,
+)
+from mqttraw import PUBACK, Closed, RawClient
 
 needs_mosquitto = pytest.mark.skipif(
     shutil.which("mosquitto_pub") is None,
@@ -528,6 +531,64 @@ attributes = {{ organization = "contoso" }}
     _, reused, codes = tls_session(server, ctx, "dev", session=session, publish=topics)
     assert reused
     assert codes == expected
+
+
+def test_revoked_client_certificates_are_refused(mqkv, pki, tmp_path):
+    """With a revocation list, a client certificate it lists is refused in the handshake. A
+    reload brings in a new list: connected clients stay, and a newly revoked client can neither
+    connect nor resume a session it had."""
+    revoked = issue(pki.directory, "revoked", pki.ca, "device-9", server=False)
+    crl = write_crl(tmp_path / "crl.pem", pki.ca, [revoked])
+    server = mqkv(
+        "--listen-tls", f"{HOST}:0",
+        *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path, "--tls-require-client-cert",
+                   "--tls-crl", crl),
+    )
+
+    def holder(who):
+        ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+        ctx.load_cert_chain(who.cert_path, who.key_path)
+        return ctx
+
+    def refused(ctx, session=None):
+        with pytest.raises((ssl.SSLError, OSError, Closed)):
+            tls_session(server, ctx, "refused", session=session)
+
+    good = holder(pki.client)
+    session, _, _ = tls_session(server, good, "good")
+    refused(holder(revoked))
+    wait_for(lambda: "TLS handshake failed" in server.stderr_text(), what="the log line")
+    stays = Paho(server, "stays", listener="tls",
+                 tls={**trust(pki), "certfile": str(pki.client.cert_path),
+                      "keyfile": str(pki.client.key_path)})
+
+    # Revoke the good client's certificate too, and reload.
+    write_crl(crl, pki.ca, [revoked, pki.client])
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS certificate and key reloaded" in server.stderr_text(),
+             what="the reload")
+    refused(good)
+    refused(good, session=session)
+    assert stays.publish("crl/t", b"still here", qos=1) == 0x10
+
+    # A broken list: the reload fails and the one in force stays.
+    crl.write_text("-----BEGIN X509 CRL-----\nnot base64\n-----END X509 CRL-----\n")
+    server.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS reload failed" in server.stderr_text(), what="the failed reload")
+    refused(good)
+    other = issue(pki.directory, "not-revoked", pki.ca, "device-3", server=False)
+    tls_session(server, holder(other), "not-revoked")
+    assert_healthy(server)
+
+
+def test_a_revocation_list_needs_a_client_ca(mqkv, pki, tmp_path):
+    crl = write_crl(tmp_path / "crl.pem", pki.ca, [])
+    res = subprocess.run(
+        [MQKV_BIN, "serve", "--listen-tls", f"{HOST}:0", *map(str, tls_flags(pki)),
+         "--tls-crl", str(crl), "--storage", "memory"],
+        capture_output=True, timeout=30, cwd=tmp_path)
+    assert res.returncode != 0
+    assert "need a client CA bundle" in res.stderr.decode(), res.stderr
 
 
 def read_packet(s) -> bytes:

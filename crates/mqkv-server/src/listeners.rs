@@ -63,6 +63,10 @@ pub struct ListenerConfig {
     /// Refuse TLS clients without a verified certificate; the `[tls]` setting when not given.
     #[serde(default)]
     pub require_client_cert: Option<bool>,
+    /// Certificate revocation lists (PEM) for client certificates; the `[tls]` one when not
+    /// given.
+    #[serde(default)]
+    pub crl: Option<PathBuf>,
     /// WebSocket path (default `/mqtt`).
     #[serde(default)]
     pub path: Option<String>,
@@ -76,6 +80,7 @@ pub struct TlsDefaults {
     pub key: Option<PathBuf>,
     pub client_ca: Option<PathBuf>,
     pub require_client_cert: bool,
+    pub crl: Option<PathBuf>,
 }
 
 /// Why listener settings cannot be used.
@@ -87,11 +92,12 @@ pub enum ListenerError {
         address: SocketAddr,
         reason: String,
     },
-    #[error("{kind} listener {address}: {source}")]
+    // Not a `source`: the message already says it, and a chain printer would say it twice.
+    #[error("{kind} listener {address}: {reason}")]
     Tls {
         kind: &'static str,
         address: SocketAddr,
-        source: mqkv_broker::transport::TlsError,
+        reason: mqkv_broker::transport::TlsError,
     },
 }
 
@@ -156,7 +162,8 @@ pub(crate) fn plan(
         let tls_given = l.cert.is_some()
             || l.key.is_some()
             || l.client_ca.is_some()
-            || l.require_client_cert.is_some();
+            || l.require_client_cert.is_some()
+            || l.crl.is_some();
         if !l.kind.secure() && tls_given {
             return Err(invalid(
                 "certificates are for tls and wss listeners; use kind = \"tls\" or \"wss\"",
@@ -195,14 +202,15 @@ pub(crate) fn plan(
                     require_client_cert: l
                         .require_client_cert
                         .unwrap_or(defaults.require_client_cert),
+                    crl: l.crl.clone().or_else(|| defaults.crl.clone()),
                 };
                 let tls = match loaded.iter().find(|t| *t.files() == files) {
                     Some(t) => t.clone(),
                     None => {
-                        let t = Tls::load(files).map_err(|source| ListenerError::Tls {
+                        let t = Tls::load(files).map_err(|reason| ListenerError::Tls {
                             kind: l.kind.name(),
                             address: l.address,
-                            source,
+                            reason,
                         })?;
                         let t = Arc::new(t);
                         loaded.push(t.clone());
@@ -241,6 +249,7 @@ mod tests {
             key: None,
             client_ca: None,
             require_client_cert: None,
+            crl: None,
             path: None,
         }
     }
@@ -261,11 +270,16 @@ mod tests {
             path = "/ws"
             require_client_cert = true
             client_ca = "ca.pem"
+            crl = "crl.pem"
             "#,
         )
         .expect("parses");
         assert_eq!(c.listeners.len(), 2);
         assert_eq!(c.listeners[1].path.as_deref(), Some("/ws"));
+        assert_eq!(
+            c.listeners[1].crl.as_deref(),
+            Some(std::path::Path::new("crl.pem"))
+        );
         let (planned, _) = plan(&[], &c.listeners[..1], &TlsDefaults::default()).expect("plan");
         assert_eq!(planned[0].path.as_deref(), Some(DEFAULT_WS_PATH));
         let bad: Result<crate::ServerConfig, _> =

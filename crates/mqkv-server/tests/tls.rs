@@ -86,6 +86,7 @@ async fn start(dir: &Path, require_client_cert: bool) -> (Server, SocketAddr) {
             key: Some(dir.join("server.key")),
             client_ca: Some(dir.join("ca.pem")),
             require_client_cert: Some(require_client_cert),
+            crl: None,
             path: None,
         }],
         workers: Some(2),

@@ -82,6 +82,9 @@ struct ServeArgs {
     /// Refuse TLS clients without a certificate the client CA bundle vouches for.
     #[arg(long)]
     tls_require_client_cert: bool,
+    /// Certificate revocation lists, PEM, for client certificates (with --tls-client-ca).
+    #[arg(long, value_name = "FILE")]
+    tls_crl: Option<PathBuf>,
     /// The password file clients log in against (`mqkv passwd FILE USER` makes one).
     #[arg(long, value_name = "FILE")]
     password_file: Option<PathBuf>,
@@ -289,6 +292,7 @@ impl ServeArgs {
                     key: None,
                     client_ca: None,
                     require_client_cert: None,
+                    crl: None,
                     path: path.clone(),
                 }));
         }
@@ -303,6 +307,9 @@ impl ServeArgs {
         }
         if self.tls_require_client_cert {
             c.tls.require_client_cert = true;
+        }
+        if let Some(v) = self.tls_crl {
+            c.tls.crl = Some(v);
         }
         if let Some(v) = self.password_file {
             c.password_file = Some(v);

@@ -245,6 +245,7 @@ async fn broker_over(co_locate: bool, tls: bool) -> (Broker, std::net::SocketAdd
         key: dir.path().join("server.key"),
         client_ca: None,
         require_client_cert: false,
+        crl: None,
     };
     std::fs::write(&files.cert, cert.pem()).expect("write");
     std::fs::write(&files.key, key.serialize_pem()).expect("write");

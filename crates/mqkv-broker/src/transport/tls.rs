@@ -1,5 +1,6 @@
 //! TLS for listeners: certificates and keys from PEM files, optional client certificates
-//! verified against a CA bundle, and reloading the files while clients stay connected.
+//! verified against a CA bundle and certificate revocation lists, and reloading the files
+//! while clients stay connected.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use parking_lot::RwLock;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
@@ -26,6 +27,9 @@ pub struct TlsFiles {
     /// Refuse clients without a certificate the CA bundle vouches for. Without it, a client
     /// may connect without one, but a certificate it presents must still verify.
     pub require_client_cert: bool,
+    /// Certificate revocation lists, PEM, from the CAs of the bundle: a client certificate
+    /// one of them lists is refused, and so is one whose issuer has no list here.
+    pub crl: Option<PathBuf>,
 }
 
 /// Why TLS files could not be used.
@@ -98,6 +102,21 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     Ok(certs)
 }
 
+fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let read = |reason: String| TlsError::Read {
+        path: path.to_owned(),
+        reason,
+    };
+    let crls = CertificateRevocationListDer::pem_file_iter(path)
+        .map_err(|e| read(e.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| read(e.to_string()))?;
+    if crls.is_empty() {
+        return Err(read("no certificate revocation list in it".into()));
+    }
+    Ok(crls)
+}
+
 fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
     let chain = read_certs(&files.cert)?;
     let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::Read {
@@ -113,6 +132,11 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
                 "requiring client certificates needs a client CA bundle".into(),
             ))
         }
+        None if files.crl.is_some() => {
+            return Err(TlsError::Config(
+                "revocation lists are for client certificates: they need a client CA bundle".into(),
+            ))
+        }
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let mut roots = RootCertStore::empty();
@@ -122,15 +146,33 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
                     reason: e.to_string(),
                 })?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+            let mut verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider());
+            if let Some(crl) = &files.crl {
+                // The client's own certificate is checked, as OpenSSL's CRL check does; an
+                // expired list still counts, so that a late update does not lock every client
+                // out.
+                verifier = verifier
+                    .with_crls(read_crls(crl)?)
+                    .only_check_end_entity_revocation();
+            }
             let verifier = if files.require_client_cert {
                 verifier
             } else {
                 verifier.allow_unauthenticated()
             };
-            let verifier = verifier
-                .build()
-                .map_err(|e| TlsError::Config(e.to_string()))?;
+            let verifier = verifier.build().map_err(|e| match (e, &files.crl) {
+                (rustls::server::VerifierBuilderError::InvalidCrl(e), Some(path)) => {
+                    TlsError::Read {
+                        path: path.clone(),
+                        reason: format!(
+                            "not a revocation list mqkv can use ({e:?}): a list must be \
+                             version 2, with a next update time and the CRL number extension"
+                        ),
+                    }
+                }
+                (e, _) => TlsError::Config(e.to_string()),
+            })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
