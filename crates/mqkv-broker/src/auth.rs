@@ -32,6 +32,9 @@ pub struct AuthRequest<'a> {
     pub authentication_data: Option<&'a Bytes>,
     /// The client certificate TLS verified, on a TLS listener that asks for one.
     pub certificate: Option<&'a crate::transport::PeerCertificate>,
+    /// The origin of the web page a WebSocket client runs in, where its listener neither
+    /// serves nor lists that origin: the client is then not local, even from loopback.
+    pub foreign_page: Option<&'a str>,
     pub peer: SocketAddr,
     pub local: SocketAddr,
 }
@@ -192,10 +195,13 @@ impl Authenticator for DefaultAuthenticator {
         }
         let anonymous = self
             .allow_anonymous
-            .unwrap_or_else(|| req.local.ip().is_loopback());
+            .unwrap_or_else(|| req.local.ip().is_loopback() && req.foreign_page.is_none());
         if anonymous {
             Ok(Principal::default())
         } else {
+            if let (None, Some(origin)) = (self.allow_anonymous, req.foreign_page) {
+                tracing::info!(client_id = req.client_id, peer = %req.peer, origin, "anonymous client in a web page of another origin refused: list the origin in the listener's allowed_origins, or log in");
+            }
             Err(reason::NOT_AUTHORIZED)
         }
     }
@@ -289,6 +295,7 @@ mod tests {
             authentication_method: None,
             authentication_data: None,
             certificate: None,
+            foreign_page: None,
             peer: "10.0.0.2:5000".parse().unwrap(),
             local: local.parse().unwrap(),
         }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use mqkv_broker::transport::Origins;
 use mqkv_broker::{Tls, TlsFiles, Transport};
 use serde::{Deserialize, Serialize};
 
@@ -70,6 +71,10 @@ pub struct ListenerConfig {
     /// WebSocket path (default `/mqtt`).
     #[serde(default)]
     pub path: Option<String>,
+    /// Web page origins (`https://app.example`, or `*`) a WebSocket listener trusts besides
+    /// its own; when given, pages of other origins are refused.
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 /// The `[tls]` table: TLS settings for listeners that give none of their own.
@@ -172,6 +177,10 @@ pub(crate) fn plan(
         if !l.kind.websocket() && l.path.is_some() {
             return Err(invalid("a path is for ws and wss listeners"));
         }
+        if !l.kind.websocket() && l.allowed_origins.is_some() {
+            return Err(invalid("allowed_origins is for ws and wss listeners"));
+        }
+        let origins = Origins::new(l.allowed_origins.iter().flatten());
         let path = match l.kind.websocket() {
             true => {
                 let path = l.path.clone().unwrap_or_else(|| DEFAULT_WS_PATH.into());
@@ -223,8 +232,8 @@ pub(crate) fn plan(
         let transport = match (l.kind, tls, path.clone()) {
             (ListenerKind::Tcp, _, _) => Transport::Tcp,
             (ListenerKind::Tls, Some(tls), _) => Transport::Tls(tls),
-            (ListenerKind::Ws, _, Some(path)) => Transport::Ws { path },
-            (ListenerKind::Wss, Some(tls), Some(path)) => Transport::Wss { tls, path },
+            (ListenerKind::Ws, _, Some(path)) => Transport::Ws { path, origins },
+            (ListenerKind::Wss, Some(tls), Some(path)) => Transport::Wss { tls, path, origins },
             _ => return Err(invalid("incomplete settings")),
         };
         planned.push(Planned {
@@ -251,6 +260,7 @@ mod tests {
             require_client_cert: None,
             crl: None,
             path: None,
+            allowed_origins: None,
         }
     }
 

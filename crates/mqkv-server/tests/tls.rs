@@ -88,6 +88,7 @@ async fn start(dir: &Path, require_client_cert: bool) -> (Server, SocketAddr) {
             require_client_cert: Some(require_client_cert),
             crl: None,
             path: None,
+            allowed_origins: None,
         }],
         workers: Some(2),
         ..ServerConfig::default()

@@ -70,6 +70,10 @@ struct ServeArgs {
     /// Path of the WebSocket listeners given by flags (default /mqtt).
     #[arg(long, value_name = "PATH")]
     ws_path: Option<String>,
+    /// A web page origin (https://app.example, or *) the WebSocket listeners given by flags
+    /// trust besides their own; pages of other origins are then refused. Repeatable.
+    #[arg(long = "ws-allowed-origin", value_name = "ORIGIN")]
+    ws_allowed_origins: Vec<String>,
     /// TLS certificate chain, PEM (leaf first).
     #[arg(long, value_name = "FILE")]
     tls_cert: Option<PathBuf>,
@@ -279,10 +283,10 @@ impl ServeArgs {
             if addrs.is_empty() {
                 continue;
             }
-            let path = match kind {
-                ListenerKind::Ws | ListenerKind::Wss => self.ws_path.clone(),
-                _ => None,
-            };
+            let websocket = matches!(kind, ListenerKind::Ws | ListenerKind::Wss);
+            let path = self.ws_path.clone().filter(|_| websocket);
+            let origins =
+                Some(self.ws_allowed_origins.clone()).filter(|o| websocket && !o.is_empty());
             c.listeners.retain(|l| l.kind != kind);
             c.listeners
                 .extend(addrs.into_iter().map(|address| ListenerConfig {
@@ -294,6 +298,7 @@ impl ServeArgs {
                     require_client_cert: None,
                     crl: None,
                     path: path.clone(),
+                    allowed_origins: origins.clone(),
                 }));
         }
         if let Some(v) = self.tls_cert {

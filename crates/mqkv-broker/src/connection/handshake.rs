@@ -43,7 +43,11 @@ pub(crate) async fn run(
         transport::accept(tcp, &transport, max_message),
     )
     .await;
-    let (stream, certificate) = match accepted {
+    let transport::Accepted {
+        stream,
+        certificate,
+        foreign_page,
+    } = match accepted {
         Ok(Ok(accepted)) => accepted,
         Ok(Err(e)) => {
             tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused");
@@ -180,6 +184,7 @@ pub(crate) async fn run(
         username: connect.username.as_deref(),
         password: connect.password.as_ref(),
         certificate: certificate.as_ref(),
+        foreign_page: foreign_page.as_deref(),
         authentication_method: connect.properties.authentication_method(),
         authentication_data: connect
             .properties
@@ -199,12 +204,14 @@ pub(crate) async fn run(
         let method = request.authentication_method.map(str::to_owned);
         let data = request.authentication_data.cloned();
         let certificate = certificate.clone();
+        let foreign_page = foreign_page.clone();
         tokio::task::spawn_blocking(move || {
             auth.authenticate(&AuthRequest {
                 client_id: &client_id,
                 username: username.as_deref(),
                 password: password.as_ref(),
                 certificate: certificate.as_ref(),
+                foreign_page: foreign_page.as_deref(),
                 authentication_method: method.as_deref(),
                 authentication_data: data.as_ref(),
                 peer,

@@ -42,6 +42,7 @@ impl Conn {
             authentication_method: method,
             authentication_data: data,
             certificate: None,
+            foreign_page: None,
             peer: self.ident.peer,
             local: self.local,
         };

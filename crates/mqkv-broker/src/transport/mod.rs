@@ -7,6 +7,7 @@
 //! stream of bytes.
 
 mod io;
+pub mod origin;
 mod quickack;
 mod socket;
 pub mod tls;
@@ -26,6 +27,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
 pub use io::Io;
+pub use origin::Origins;
+use origin::Page;
 pub(crate) use quickack::only_acknowledgements;
 pub use socket::Socket;
 pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles};
@@ -37,10 +40,15 @@ pub enum Transport {
     Tcp,
     /// MQTT over TLS.
     Tls(Arc<Tls>),
-    /// MQTT over WebSocket, upgraded from an HTTP request for `path`.
-    Ws { path: String },
+    /// MQTT over WebSocket, upgraded from an HTTP request for `path`, trusting web pages of
+    /// `origins` as well as its own.
+    Ws { path: String, origins: Origins },
     /// MQTT over WebSocket over TLS.
-    Wss { tls: Arc<Tls>, path: String },
+    Wss {
+        tls: Arc<Tls>,
+        path: String,
+        origins: Origins,
+    },
 }
 
 impl Transport {
@@ -76,32 +84,51 @@ pub(crate) enum Stream {
     Ws(Box<WebSocketStream<Io>>),
 }
 
+/// An accepted connection once its transport's handshakes are done.
+pub(crate) struct Accepted {
+    pub stream: Stream,
+    /// The client certificate TLS verified, if any.
+    pub certificate: Option<PeerCertificate>,
+    /// The origin of the web page a WebSocket client runs in, where the listener neither
+    /// serves nor lists it: such a client is not local, wherever its browser runs.
+    pub foreign_page: Option<String>,
+}
+
 /// Runs the handshakes `transport` needs on an accepted socket: TLS, then the WebSocket
-/// upgrade. Returns the stream and the client certificate TLS verified, if any. `max_message`
-/// bounds a WebSocket message (and frame).
+/// upgrade. `max_message` bounds a WebSocket message (and frame).
 pub(crate) async fn accept(
     tcp: TcpStream,
     transport: &Transport,
     max_message: usize,
-) -> Result<(Stream, Option<PeerCertificate>), AcceptError> {
-    match transport {
-        Transport::Tcp => Ok((Stream::Tcp(tcp), None)),
+) -> Result<Accepted, AcceptError> {
+    let (stream, certificate, page) = match transport {
+        Transport::Tcp => (Stream::Tcp(tcp), None, Page::None),
         Transport::Tls(tls) => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
-            Ok((Stream::Tls(Box::new(stream)), cert))
+            (Stream::Tls(Box::new(stream)), cert, Page::None)
         }
-        Transport::Ws { path } => {
-            let ws = ws::upgrade(Io::Tcp(tcp), path, max_message).await?;
-            Ok((Stream::Ws(Box::new(ws)), None))
+        Transport::Ws { path, origins } => {
+            let (ws, page) = ws::upgrade(Io::Tcp(tcp), path, origins, max_message).await?;
+            (Stream::Ws(Box::new(ws)), None, page)
         }
-        Transport::Wss { tls, path } => {
+        Transport::Wss { tls, path, origins } => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
-            let ws = ws::upgrade(Io::Tls(Box::new(stream)), path, max_message).await?;
-            Ok((Stream::Ws(Box::new(ws)), cert))
+            let io = Io::Tls(Box::new(stream));
+            let (ws, page) = ws::upgrade(io, path, origins, max_message).await?;
+            (Stream::Ws(Box::new(ws)), cert, page)
         }
-    }
+    };
+    let foreign_page = match page {
+        Page::Foreign(origin) => Some(origin),
+        Page::None | Page::Trusted | Page::Refused => None,
+    };
+    Ok(Accepted {
+        stream,
+        certificate,
+        foreign_page,
+    })
 }
 
 impl Stream {

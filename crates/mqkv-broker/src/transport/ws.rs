@@ -13,6 +13,7 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
 
+use super::origin::{self, Origins, Page};
 use super::Io;
 
 /// Longest HTTP request head taken.
@@ -37,13 +38,18 @@ pub enum UpgradeError {
     Malformed,
     #[error("{status}: {reason}")]
     Refused { status: u16, reason: &'static str },
+    #[error("a web page from {0}, an origin the listener does not list")]
+    ForeignPage(String),
 }
 
-/// A request head that asks for the upgrade: the key to answer and the subprotocol chosen.
+/// A request head that asks for the upgrade: the key to answer, the subprotocol chosen, and
+/// where a browser says the page comes from (`Origin`) and sent the request to (`Host`).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Upgrade {
     pub key: String,
     pub protocol: Option<&'static str>,
+    pub origin: Option<String>,
+    pub host: Option<String>,
 }
 
 impl UpgradeError {
@@ -54,6 +60,7 @@ impl UpgradeError {
             UpgradeError::TooLarge => Some((431, "request head too large")),
             UpgradeError::Malformed => Some((400, "malformed HTTP request")),
             UpgradeError::Refused { status, reason } => Some((*status, reason)),
+            UpgradeError::ForeignPage(_) => Some((403, "this page's origin may not connect")),
         }
     }
 }
@@ -125,16 +132,25 @@ fn check(req: &httparse::Request<'_, '_>, path: &str) -> Result<Upgrade, Upgrade
             .copied();
         Some(chosen.ok_or_else(|| refused(400, "the mqtt subprotocol is required"))?)
     };
-    Ok(Upgrade { key, protocol })
+    let origin = header("origin").next().map(|v| v.trim().to_owned());
+    let host = header("host").next().map(|v| v.trim().to_owned());
+    Ok(Upgrade {
+        key,
+        protocol,
+        origin,
+        host,
+    })
 }
 
 /// Answers the WebSocket upgrade of an HTTP request for `path` on `io`, or refuses it with an
-/// HTTP error.
+/// HTTP error; a web page of an origin the listener neither lists nor serves is refused where
+/// it lists some. Returns the stream and what the request says of the page.
 pub(crate) async fn upgrade(
     mut io: Io,
     path: &str,
+    origins: &Origins,
     max_message: usize,
-) -> Result<WebSocketStream<Io>, UpgradeError> {
+) -> Result<(WebSocketStream<Io>, Page), UpgradeError> {
     let mut buf = BytesMut::with_capacity(1024);
     let (head_len, upgrade) = loop {
         match parse_request(&buf, path) {
@@ -151,6 +167,15 @@ pub(crate) async fn upgrade(
             return Err(UpgradeError::Closed);
         }
     };
+    let origin = upgrade.origin.as_deref();
+    let page = origin::judge(origin, upgrade.host.as_deref(), origins);
+    if page == Page::Refused {
+        let e = UpgradeError::ForeignPage(origin.unwrap_or_default().to_owned());
+        if let Some((status, reason)) = e.status() {
+            respond_error(&mut io, status, reason).await;
+        }
+        return Err(e);
+    }
     let mut response = format!(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
         derive_accept_key(upgrade.key.as_bytes())
@@ -164,7 +189,8 @@ pub(crate) async fn upgrade(
     // Frames the client sent right behind its request are the stream's first bytes.
     let rest = buf.split_off(head_len).to_vec();
     let config = config(max_message);
-    Ok(WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await)
+    let ws = WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await;
+    Ok((ws, page))
 }
 
 /// How the library frames a connection whose MQTT packets may be `max_message` bytes long: no
@@ -184,6 +210,7 @@ async fn respond_error(io: &mut Io, status: u16, reason: &str) {
         404 => "Not Found",
         405 => "Method Not Allowed",
         426 => "Upgrade Required",
+        403 => "Forbidden",
         431 => "Request Header Fields Too Large",
         _ => "Error",
     };

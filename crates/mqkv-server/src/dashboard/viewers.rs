@@ -118,6 +118,7 @@ impl Viewers {
                     authentication_method: None,
                     authentication_data: None,
                     certificate: None,
+                    foreign_page: None,
                     peer,
                     local,
                 })
