@@ -591,6 +591,31 @@ def test_a_revocation_list_needs_a_client_ca(mqkv, pki, tmp_path):
     assert "need a client CA bundle" in res.stderr.decode(), res.stderr
 
 
+def test_a_listener_can_take_tls_1_3_only(mqkv, pki, tmp_path):
+    def version(server, newest=None):
+        ctx = ssl.create_default_context(cafile=str(pki.ca.cert_path))
+        if newest is not None:
+            ctx.maximum_version = newest
+        c = RawClient(HOST, server.endpoints["tls"])
+        c.sock = ctx.wrap_socket(c.sock, server_hostname="localhost")
+        assert c.connect("v").reason == 0
+        c.disconnect()
+        return c.sock.version()
+
+    default = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki))
+    assert version(default) == "TLSv1.3"
+    assert version(default, ssl.TLSVersion.TLSv1_2) == "TLSv1.2"
+    strict = mqkv("--listen-tls", f"{HOST}:0", *tls_flags(pki), "--tls-min-version", "1.3")
+    assert version(strict) == "TLSv1.3"
+    with pytest.raises((ssl.SSLError, OSError, Closed)):
+        version(strict, ssl.TLSVersion.TLSv1_2)
+    res = subprocess.run(
+        [MQKV_BIN, "serve", "--listen-tls", f"{HOST}:0", *map(str, tls_flags(pki)),
+         "--tls-min-version", "1.1", "--storage", "memory"],
+        capture_output=True, timeout=30, cwd=tmp_path)
+    assert res.returncode != 0 and "give 1.2 or 1.3" in res.stderr.decode(), res.stderr
+
+
 def read_packet(s) -> bytes:
     """One whole MQTT packet (its remaining length under 128 bytes) from a socket."""
     head = b""

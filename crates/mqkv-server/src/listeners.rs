@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mqkv_broker::transport::Origins;
+use mqkv_broker::transport::{Origins, TlsVersion};
 use mqkv_broker::{Tls, TlsFiles, Transport};
 use serde::{Deserialize, Serialize};
 
@@ -68,6 +68,10 @@ pub struct ListenerConfig {
     /// given.
     #[serde(default)]
     pub crl: Option<PathBuf>,
+    /// The oldest TLS version clients may use (`"1.2"` or `"1.3"`); the `[tls]` one when not
+    /// given.
+    #[serde(default)]
+    pub min_version: Option<TlsVersion>,
     /// WebSocket path (default `/mqtt`).
     #[serde(default)]
     pub path: Option<String>,
@@ -86,6 +90,7 @@ pub struct TlsDefaults {
     pub client_ca: Option<PathBuf>,
     pub require_client_cert: bool,
     pub crl: Option<PathBuf>,
+    pub min_version: TlsVersion,
 }
 
 /// Why listener settings cannot be used.
@@ -168,7 +173,8 @@ pub(crate) fn plan(
             || l.key.is_some()
             || l.client_ca.is_some()
             || l.require_client_cert.is_some()
-            || l.crl.is_some();
+            || l.crl.is_some()
+            || l.min_version.is_some();
         if !l.kind.secure() && tls_given {
             return Err(invalid(
                 "certificates are for tls and wss listeners; use kind = \"tls\" or \"wss\"",
@@ -212,6 +218,7 @@ pub(crate) fn plan(
                         .require_client_cert
                         .unwrap_or(defaults.require_client_cert),
                     crl: l.crl.clone().or_else(|| defaults.crl.clone()),
+                    min_version: l.min_version.unwrap_or(defaults.min_version),
                 };
                 let tls = match loaded.iter().find(|t| *t.files() == files) {
                     Some(t) => t.clone(),
@@ -259,6 +266,7 @@ mod tests {
             client_ca: None,
             require_client_cert: None,
             crl: None,
+            min_version: None,
             path: None,
             allowed_origins: None,
         }
@@ -281,6 +289,7 @@ mod tests {
             require_client_cert = true
             client_ca = "ca.pem"
             crl = "crl.pem"
+            min_version = "1.3"
             "#,
         )
         .expect("parses");

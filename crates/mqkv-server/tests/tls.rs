@@ -87,6 +87,7 @@ async fn start(dir: &Path, require_client_cert: bool) -> (Server, SocketAddr) {
             client_ca: Some(dir.join("ca.pem")),
             require_client_cert: Some(require_client_cert),
             crl: None,
+            min_version: None,
             path: None,
             allowed_origins: None,
         }],

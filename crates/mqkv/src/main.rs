@@ -89,6 +89,9 @@ struct ServeArgs {
     /// Certificate revocation lists, PEM, for client certificates (with --tls-client-ca).
     #[arg(long, value_name = "FILE")]
     tls_crl: Option<PathBuf>,
+    /// The oldest TLS version clients may use: 1.2 (the default) or 1.3.
+    #[arg(long, value_name = "VERSION")]
+    tls_min_version: Option<mqkv_broker::transport::TlsVersion>,
     /// The password file clients log in against (`mqkv passwd FILE USER` makes one).
     #[arg(long, value_name = "FILE")]
     password_file: Option<PathBuf>,
@@ -297,6 +300,7 @@ impl ServeArgs {
                     client_ca: None,
                     require_client_cert: None,
                     crl: None,
+                    min_version: None,
                     path: path.clone(),
                     allowed_origins: origins.clone(),
                 }));
@@ -315,6 +319,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.tls_crl {
             c.tls.crl = Some(v);
+        }
+        if let Some(v) = self.tls_min_version {
+            c.tls.min_version = v;
         }
         if let Some(v) = self.password_file {
             c.password_file = Some(v);

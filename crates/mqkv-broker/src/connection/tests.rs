@@ -246,6 +246,7 @@ async fn broker_over(co_locate: bool, tls: bool) -> (Broker, std::net::SocketAdd
         client_ca: None,
         require_client_cert: false,
         crl: None,
+        min_version: Default::default(),
     };
     std::fs::write(&files.cert, cert.pem()).expect("write");
     std::fs::write(&files.key, key.serialize_pem()).expect("write");

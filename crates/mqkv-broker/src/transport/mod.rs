@@ -31,7 +31,7 @@ pub use origin::Origins;
 use origin::Page;
 pub(crate) use quickack::only_acknowledgements;
 pub use socket::Socket;
-pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles};
+pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles, TlsVersion};
 
 /// How clients reach a listener.
 #[derive(Debug, Clone)]

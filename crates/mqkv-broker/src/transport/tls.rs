@@ -30,6 +30,30 @@ pub struct TlsFiles {
     /// Certificate revocation lists, PEM, from the CAs of the bundle: a client certificate
     /// one of them lists is refused, and so is one whose issuer has no list here.
     pub crl: Option<PathBuf>,
+    /// The oldest TLS version a client may use.
+    pub min_version: TlsVersion,
+}
+
+/// A TLS version, as configured: `"1.2"` or `"1.3"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum TlsVersion {
+    #[default]
+    #[serde(rename = "1.2")]
+    V1_2,
+    #[serde(rename = "1.3")]
+    V1_3,
+}
+
+impl std::str::FromStr for TlsVersion {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<TlsVersion, String> {
+        match s.trim() {
+            "1.2" => Ok(TlsVersion::V1_2),
+            "1.3" => Ok(TlsVersion::V1_3),
+            other => Err(format!("TLS version {other:?}: give 1.2 or 1.3")),
+        }
+    }
 }
 
 /// Why TLS files could not be used.
@@ -81,19 +105,27 @@ impl Tls {
     }
 }
 
+/// The versions of a listener that takes TLS 1.3 only.
+static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let read = |reason: String| TlsError::Read {
+/// Every PEM section of one kind in the file at `path`: certificates, or revocation lists.
+fn read_pem<T: PemObject>(path: &Path) -> Result<Vec<T>, TlsError> {
+    let read = |e: rustls_pki_types::pem::Error| TlsError::Read {
         path: path.to_owned(),
-        reason,
+        reason: e.to_string(),
     };
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| read(e.to_string()))?
+    T::pem_file_iter(path)
+        .map_err(read)?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| read(e.to_string()))?;
+        .map_err(read)
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = read_pem(path)?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             path: path.to_owned(),
@@ -103,16 +135,12 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
-    let read = |reason: String| TlsError::Read {
-        path: path.to_owned(),
-        reason,
-    };
-    let crls = CertificateRevocationListDer::pem_file_iter(path)
-        .map_err(|e| read(e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| read(e.to_string()))?;
+    let crls = read_pem(path)?;
     if crls.is_empty() {
-        return Err(read("no certificate revocation list in it".into()));
+        return Err(TlsError::Read {
+            path: path.to_owned(),
+            reason: "no certificate revocation list in it".into(),
+        });
     }
     Ok(crls)
 }
@@ -124,7 +152,10 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
         reason: e.to_string(),
     })?;
     let builder = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(match files.min_version {
+            TlsVersion::V1_2 => rustls::DEFAULT_VERSIONS,
+            TlsVersion::V1_3 => TLS13_ONLY,
+        })
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let builder = match &files.client_ca {
         None if files.require_client_cert => {
