@@ -30,6 +30,19 @@ fn normal(origin: &str) -> String {
     origin.trim().trim_end_matches('/').to_ascii_lowercase()
 }
 
+/// Whether a `Host` (`name[:port]`) can only mean the machine the request reached: an IP
+/// address or `localhost`. A page from a DNS name that a rebinding attack pointed at this
+/// machine has that name as its origin and its `Host` alike, so a same-origin request to a
+/// DNS name proves nothing.
+fn names_itself(host: &str) -> bool {
+    let host = host.trim();
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// Where a WebSocket client runs, as far as the broker trusts it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Page {
@@ -52,7 +65,7 @@ pub fn judge(origin: Option<&str>, host: Option<&str>, allowed: &Origins) -> Pag
     let origin = normal(origin);
     let own = host.is_some_and(|host| {
         let authority = origin.split_once("://").map_or("", |(_, rest)| rest);
-        !authority.is_empty() && authority.eq_ignore_ascii_case(host.trim())
+        !authority.is_empty() && authority.eq_ignore_ascii_case(host.trim()) && names_itself(host)
     });
     if own || allowed.lists(&origin) {
         Page::Trusted
@@ -77,23 +90,32 @@ mod tests {
     fn a_page_of_the_listeners_own_origin_is_trusted() {
         let none = Origins::default();
         let own = |origin, host| judge(Some(origin), Some(host), &none);
+        let foreign = |origin: &str| Page::Foreign(origin.into());
         assert_eq!(
             own("http://127.0.0.1:8080", "127.0.0.1:8080"),
             Page::Trusted
         );
         assert_eq!(
-            own("https://Broker.Example/", "broker.example"),
+            own("http://LOCALHOST:8080/", "localhost:8080"),
             Page::Trusted
         );
+        assert_eq!(own("http://[::1]:8080", "[::1]:8080"), Page::Trusted);
+        assert_eq!(own("https://10.1.2.3", "10.1.2.3"), Page::Trusted);
         assert_eq!(
             own("http://127.0.0.1:9000", "127.0.0.1:8080"),
-            Page::Foreign("http://127.0.0.1:9000".into())
+            foreign("http://127.0.0.1:9000")
         );
-        assert_eq!(own("null", "null"), Page::Foreign("null".into()));
+        // A DNS name may have been pointed at this machine by the page's own site.
         assert_eq!(
-            judge(Some("http://a"), None, &none),
-            Page::Foreign("http://a".into())
+            own("https://Broker.Example/", "broker.example"),
+            foreign("https://broker.example")
         );
+        assert_eq!(
+            own("http://rebound.example:8080", "rebound.example:8080"),
+            foreign("http://rebound.example:8080")
+        );
+        assert_eq!(own("null", "null"), foreign("null"));
+        assert_eq!(judge(Some("http://a"), None, &none), foreign("http://a"));
     }
 
     #[test]
@@ -103,7 +125,15 @@ mod tests {
         assert_eq!(at("https://app.example"), Page::Trusted);
         assert_eq!(at("http://localhost:3000"), Page::Trusted);
         assert_eq!(at("https://evil.example"), Page::Refused);
-        assert_eq!(at("https://broker:8443"), Page::Trusted);
+        assert_eq!(at("https://broker:8443"), Page::Refused);
+        assert_eq!(
+            judge(
+                Some("https://[fd00::1]:8443"),
+                Some("[fd00::1]:8443"),
+                &listed
+            ),
+            Page::Trusted
+        );
         let any = Origins::new(["*"]);
         assert_eq!(
             judge(Some("https://evil.example"), None, &any),
