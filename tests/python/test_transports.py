@@ -555,7 +555,10 @@ def test_revoked_client_certificates_are_refused(mqkv, pki, tmp_path):
             tls_session(server, ctx, "refused", session=session)
 
     good = holder(pki.client)
-    session, _, _ = tls_session(server, good, "good")
+    first, _, _ = tls_session(server, good, "good")
+    # The good client can resume: what is refused below is the resumption itself.
+    session, reused, _ = tls_session(server, good, "good", session=first)
+    assert reused
     refused(holder(revoked))
     wait_for(lambda: "TLS handshake failed" in server.stderr_text(), what="the log line")
     stays = Paho(server, "stays", listener="tls",

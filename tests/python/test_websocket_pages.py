@@ -70,7 +70,8 @@ def test_a_page_of_another_origin_is_not_let_in_anonymously(mqkv, browser, site)
     # Not authorized (0x87), and nothing published.
     assert open_page(browser, site, server) == "connack 135"
     assert nothing_arrives(sub)
-    assert "anonymous client in a web page of another origin refused" in server.stderr_text()
+    wait_for(lambda: "anonymous client in a web page of another origin refused"
+             in server.stderr_text(), what="the log line")
     # A client that is not a web page still connects anonymously over the same listener.
     Paho(server, "local-ws", listener="ws").disconnect()
 

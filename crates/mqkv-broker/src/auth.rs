@@ -191,7 +191,12 @@ impl Authenticator for DefaultAuthenticator {
             }
         }
         if let Some(cert) = req.certificate {
-            return Ok(self.certificate_principal(cert));
+            // A browser may present a certificate it holds on any page's behalf.
+            if let Some(origin) = req.foreign_page {
+                tracing::info!(client_id = req.client_id, peer = %req.peer, origin, "client certificate of a web page of another origin not taken: list the origin in the listener's allowed_origins, or log in");
+            } else {
+                return Ok(self.certificate_principal(cert));
+            }
         }
         let anonymous = self
             .allow_anonymous
@@ -312,6 +317,20 @@ mod tests {
             a.authenticate(&req(None, None, "10.0.0.1:1883")),
             Err(reason::NOT_AUTHORIZED)
         );
+    }
+
+    #[test]
+    fn a_web_page_of_another_origin_is_neither_anonymous_nor_its_browsers_certificate() {
+        let a = authenticator(None, Passwords::default());
+        let cert = device_cert("CN=device-1");
+        let mut r = req(None, None, "127.0.0.1:8080");
+        r.foreign_page = Some("https://evil.example");
+        assert_eq!(a.authenticate(&r), Err(reason::NOT_AUTHORIZED));
+        r.certificate = Some(&cert);
+        assert_eq!(a.authenticate(&r), Err(reason::NOT_AUTHORIZED));
+        // Unless anonymous clients are allowed everywhere.
+        let open = authenticator(Some(true), Passwords::default());
+        assert_eq!(open.authenticate(&r), Ok(Principal::default()));
     }
 
     /// The verified certificate of `device-1`, signed by the Contoso root.

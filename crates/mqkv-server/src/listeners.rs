@@ -186,6 +186,14 @@ pub(crate) fn plan(
         if !l.kind.websocket() && l.allowed_origins.is_some() {
             return Err(invalid("allowed_origins is for ws and wss listeners"));
         }
+        if l.allowed_origins.as_ref().is_some_and(Vec::is_empty) {
+            return Err(invalid(
+                "allowed_origins is empty: leave it out, or list the origins to trust",
+            ));
+        }
+        for entry in l.allowed_origins.iter().flatten() {
+            mqkv_broker::transport::origin::check(entry).map_err(|e| invalid(&e))?;
+        }
         let origins = Origins::new(l.allowed_origins.iter().flatten());
         let path = match l.kind.websocket() {
             true => {
@@ -328,6 +336,15 @@ mod tests {
         tls.cert = Some("/nonexistent/cert.pem".into());
         tls.key = Some("/nonexistent/key.pem".into());
         assert!(err(tls).contains("cannot read /nonexistent/cert.pem"));
+        let mut tcp = listener(ListenerKind::Tcp);
+        tcp.allowed_origins = Some(vec!["https://a.example".into()]);
+        assert!(err(tcp).contains("allowed_origins is for ws and wss"));
+        let mut ws = listener(ListenerKind::Ws);
+        ws.allowed_origins = Some(vec![]);
+        assert!(err(ws).contains("allowed_origins is empty"));
+        let mut ws = listener(ListenerKind::Ws);
+        ws.allowed_origins = Some(vec!["a.example".into()]);
+        assert!(err(ws).contains("allowed origin \"a.example\""));
     }
 
     #[test]

@@ -273,6 +273,12 @@ impl ServeArgs {
             Some(path) => ServerConfig::from_file(path)?,
             None => ServerConfig::default(),
         };
+        if !self.ws_allowed_origins.is_empty()
+            && self.listen_ws.is_empty()
+            && self.listen_wss.is_empty()
+        {
+            anyhow::bail!("--ws-allowed-origin applies to the listeners of --listen-ws and --listen-wss; give one, or allowed_origins in a [[listeners]] table");
+        }
         // A listener flag replaces the configuration file's listeners of its kind.
         if !self.listen.is_empty() {
             c.listen = self.listen;

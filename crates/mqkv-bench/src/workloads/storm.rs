@@ -3,9 +3,12 @@
 //! a full handshake.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use anyhow::{bail, Result};
 use bytes::BytesMut;
+use rustls::HandshakeKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -13,7 +16,7 @@ use super::{drive, Settings, Worker};
 use crate::mqtt::{connect_packet, split_frame, Conn};
 use crate::report::RunResult;
 use crate::servers::Server;
-use crate::wire::Dial;
+use crate::wire::{Dial, Link};
 
 /// Devices in a TLS storm: more than a server's session cache would remember (rustls keeps
 /// 256 sessions, OpenSSL 20,480), so that only session tickets let every device resume.
@@ -82,24 +85,34 @@ impl Worker for Storm {
 struct TlsStorm {
     addr: SocketAddr,
     devices: Vec<(String, Dial)>,
+    /// Connections made by the load, and how many of them resumed a session.
+    counts: Arc<(AtomicU64, AtomicU64)>,
 }
 
 impl TlsStorm {
-    /// Connects device `i` once and leaves.
-    async fn visit(&self, i: usize) -> Result<()> {
+    /// Connects device `i` once and leaves; whether the TLS session was resumed.
+    async fn visit(&self, i: usize) -> Result<bool> {
         let Some((id, dial)) = self.devices.get(i % self.devices.len().max(1)) else {
             bail!("no devices");
         };
         let mut conn = Conn::dial(dial, self.addr, id).await?;
+        let resumed = match &conn.stream {
+            Link::Tls(s) => s.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed),
+            _ => false,
+        };
         conn.stream.write_all(&[0xE0, 0]).await?;
         reset_on_close(conn.stream.tcp());
-        Ok(())
+        Ok(resumed)
     }
 }
 
 impl Worker for TlsStorm {
     async fn op(&mut self, seq: u64) -> Result<bool> {
-        self.visit(seq as usize).await?;
+        let resumed = self.visit(seq as usize).await?;
+        self.counts.0.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .1
+            .fetch_add(u64::from(resumed), Ordering::Relaxed);
         Ok(true)
     }
 }
@@ -115,9 +128,11 @@ pub async fn storm_tls(server: &Server, clients: usize, full: bool, s: &Settings
     let mut r = RunResult::new(name, server.target, clients);
     r.unit = "connects/s".to_owned();
     let per_client = DEVICES.div_ceil(clients.max(1));
+    let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
     let workers: Vec<TlsStorm> = (0..clients)
         .map(|c| TlsStorm {
             addr: server.addr,
+            counts: counts.clone(),
             devices: (0..per_client)
                 .map(|d| {
                     let id = format!("bench-device-{}", c * per_client + d);
@@ -141,6 +156,16 @@ pub async fn storm_tls(server: &Server, clients: usize, full: bool, s: &Settings
     drive(workers, s, server).await.fill(&mut r, 1.0);
     r.extra
         .insert("devices".into(), (per_client * clients).into());
+    // What the run says it measures, it measured: resumed handshakes, or full ones.
+    let (made, resumed) = (
+        counts.0.load(Ordering::Relaxed),
+        counts.1.load(Ordering::Relaxed),
+    );
+    let share = resumed as f64 / made.max(1) as f64;
+    r.extra.insert("resumed_share".into(), share.into());
+    if r.failed.is_none() && made > 0 && full != (resumed == 0) {
+        r.failed = Some(format!("{resumed} of {made} connections resumed a session"));
+    }
     r
 }
 

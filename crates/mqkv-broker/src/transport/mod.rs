@@ -28,7 +28,6 @@ use tokio_tungstenite::WebSocketStream;
 
 pub use io::Io;
 pub use origin::Origins;
-use origin::Page;
 pub(crate) use quickack::only_acknowledgements;
 pub use socket::Socket;
 pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles, TlsVersion};
@@ -101,28 +100,25 @@ pub(crate) async fn accept(
     transport: &Transport,
     max_message: usize,
 ) -> Result<Accepted, AcceptError> {
-    let (stream, certificate, page) = match transport {
-        Transport::Tcp => (Stream::Tcp(tcp), None, Page::None),
+    let (stream, certificate, foreign_page) = match transport {
+        Transport::Tcp => (Stream::Tcp(tcp), None, None),
         Transport::Tls(tls) => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
-            (Stream::Tls(Box::new(stream)), cert, Page::None)
+            (Stream::Tls(Box::new(stream)), cert, None)
         }
         Transport::Ws { path, origins } => {
-            let (ws, page) = ws::upgrade(Io::Tcp(tcp), path, origins, max_message).await?;
-            (Stream::Ws(Box::new(ws)), None, page)
+            let io = Io::Tcp(tcp);
+            let (ws, foreign) = ws::upgrade(io, path, origins, false, max_message).await?;
+            (Stream::Ws(Box::new(ws)), None, foreign)
         }
         Transport::Wss { tls, path, origins } => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
             let io = Io::Tls(Box::new(stream));
-            let (ws, page) = ws::upgrade(io, path, origins, max_message).await?;
-            (Stream::Ws(Box::new(ws)), cert, page)
+            let (ws, foreign) = ws::upgrade(io, path, origins, true, max_message).await?;
+            (Stream::Ws(Box::new(ws)), cert, foreign)
         }
-    };
-    let foreign_page = match page {
-        Page::Foreign(origin) => Some(origin),
-        Page::None | Page::Trusted | Page::Refused => None,
     };
     Ok(Accepted {
         stream,

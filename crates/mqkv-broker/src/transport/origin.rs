@@ -26,6 +26,31 @@ impl Origins {
     }
 }
 
+/// Why `entry` cannot be a listed origin, if it cannot: an origin is `*`, or
+/// `http://` or `https://` and a host with its port if not the scheme's default, as a browser
+/// sends it.
+pub fn check(entry: &str) -> Result<(), String> {
+    let origin = normal(entry);
+    if origin == "*" {
+        return Ok(());
+    }
+    let bad = |why: &str| Err(format!("allowed origin {entry:?}: {why}"));
+    let Some((scheme, authority)) = origin.split_once("://") else {
+        return bad("give it as scheme://host[:port], e.g. https://app.example");
+    };
+    if scheme != "http" && scheme != "https" {
+        return bad("the scheme is http or https");
+    }
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@']) {
+        return bad("give only scheme://host[:port], without a path");
+    }
+    let default = if scheme == "https" { ":443" } else { ":80" };
+    if authority.ends_with(default) && !authority.ends_with("]") {
+        return bad("leave out the scheme's default port, as browsers do");
+    }
+    Ok(())
+}
+
 fn normal(origin: &str) -> String {
     origin.trim().trim_end_matches('/').to_ascii_lowercase()
 }
@@ -56,15 +81,19 @@ pub enum Page {
     Refused,
 }
 
-/// What an upgrade naming `origin`, sent to `host` (its `Host` header), comes from, for a
-/// listener that trusts `allowed`.
-pub fn judge(origin: Option<&str>, host: Option<&str>, allowed: &Origins) -> Page {
+/// What an upgrade naming `origin`, sent to `host` (its `Host` header) over a listener with
+/// TLS (`secure`) or without, comes from, for a listener that trusts `allowed`.
+pub fn judge(origin: Option<&str>, host: Option<&str>, secure: bool, allowed: &Origins) -> Page {
     let Some(origin) = origin else {
         return Page::None;
     };
     let origin = normal(origin);
+    let scheme = if secure { "https" } else { "http" };
     let own = host.is_some_and(|host| {
-        let authority = origin.split_once("://").map_or("", |(_, rest)| rest);
+        let authority = match origin.split_once("://") {
+            Some((s, rest)) if s == scheme => rest,
+            _ => "",
+        };
         !authority.is_empty() && authority.eq_ignore_ascii_case(host.trim()) && names_itself(host)
     });
     if own || allowed.lists(&origin) {
@@ -81,15 +110,46 @@ mod tests {
     use super::*;
 
     #[test]
+    fn listed_origins_are_checked() {
+        for good in [
+            "*",
+            "https://app.example",
+            "http://localhost:3000",
+            "https://[::1]:8443/",
+        ] {
+            assert_eq!(check(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "app.example",
+            "ftp://app.example",
+            "https://app.example/path",
+            "https://app.example:443",
+            "http://app.example:80",
+            "null",
+            "https://",
+        ] {
+            assert!(check(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn clients_without_an_origin_are_not_pages() {
-        assert_eq!(judge(None, Some("x:1"), &Origins::default()), Page::None);
-        assert_eq!(judge(None, None, &Origins::new(["https://a"])), Page::None);
+        assert_eq!(
+            judge(None, Some("x:1"), false, &Origins::default()),
+            Page::None
+        );
+        assert_eq!(
+            judge(None, None, true, &Origins::new(["https://a"])),
+            Page::None
+        );
     }
 
     #[test]
     fn a_page_of_the_listeners_own_origin_is_trusted() {
         let none = Origins::default();
-        let own = |origin, host| judge(Some(origin), Some(host), &none);
+        let own = |origin: &str, host| {
+            judge(Some(origin), Some(host), origin.starts_with("https"), &none)
+        };
         let foreign = |origin: &str| Page::Foreign(origin.into());
         assert_eq!(
             own("http://127.0.0.1:8080", "127.0.0.1:8080"),
@@ -115,13 +175,21 @@ mod tests {
             foreign("http://rebound.example:8080")
         );
         assert_eq!(own("null", "null"), foreign("null"));
-        assert_eq!(judge(Some("http://a"), None, &none), foreign("http://a"));
+        // The page at port 80 is another origin than a secure listener at 443.
+        assert_eq!(
+            judge(Some("http://127.0.0.1"), Some("127.0.0.1"), true, &none),
+            foreign("http://127.0.0.1")
+        );
+        assert_eq!(
+            judge(Some("http://a"), None, false, &none),
+            foreign("http://a")
+        );
     }
 
     #[test]
     fn a_listed_origin_is_trusted_and_others_are_refused() {
         let listed = Origins::new(["https://app.example/", "HTTP://localhost:3000"]);
-        let at = |origin| judge(Some(origin), Some("broker:8443"), &listed);
+        let at = |origin| judge(Some(origin), Some("broker:8443"), true, &listed);
         assert_eq!(at("https://app.example"), Page::Trusted);
         assert_eq!(at("http://localhost:3000"), Page::Trusted);
         assert_eq!(at("https://evil.example"), Page::Refused);
@@ -130,13 +198,14 @@ mod tests {
             judge(
                 Some("https://[fd00::1]:8443"),
                 Some("[fd00::1]:8443"),
+                true,
                 &listed
             ),
             Page::Trusted
         );
         let any = Origins::new(["*"]);
         assert_eq!(
-            judge(Some("https://evil.example"), None, &any),
+            judge(Some("https://evil.example"), None, true, &any),
             Page::Trusted
         );
     }

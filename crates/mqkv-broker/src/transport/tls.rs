@@ -212,9 +212,9 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
         .map_err(|e| TlsError::Config(format!("certificate and key do not fit: {e}")))?;
     // Session tickets let any number of clients resume a session (without the certificate
     // signature of a full handshake) where the session cache remembers only the last few
-    // hundred. Each configuration gets a ticketer of its own: a ticket from another listener,
-    // or from before a reload, does not resume, so new certificates and CAs apply to every new
-    // connection at once.
+    // hundred. Each configuration gets a ticketer of its own: a ticket from listeners with
+    // other TLS settings, or from before a reload, does not resume, so new certificates, CAs
+    // and revocation lists apply to every new connection at once.
     config.ticketer =
         rustls::crypto::ring::Ticketer::new().map_err(|e| TlsError::Config(e.to_string()))?;
     Ok(config)

@@ -132,8 +132,20 @@ fn check(req: &httparse::Request<'_, '_>, path: &str) -> Result<Upgrade, Upgrade
             .copied();
         Some(chosen.ok_or_else(|| refused(400, "the mqtt subprotocol is required"))?)
     };
-    let origin = header("origin").next().map(|v| v.trim().to_owned());
-    let host = header("host").next().map(|v| v.trim().to_owned());
+    // A browser sends one of each; any Origin at all, readable or not, marks a web page.
+    let raw = |name: &str| {
+        let mut values = req
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_owned());
+        match (values.next(), values.next()) {
+            (_, Some(_)) => Err(refused(400, "more than one Origin or Host header")),
+            (value, None) => Ok(value),
+        }
+    };
+    let origin = raw("origin")?;
+    let host = raw("host")?;
     Ok(Upgrade {
         key,
         protocol,
@@ -144,13 +156,15 @@ fn check(req: &httparse::Request<'_, '_>, path: &str) -> Result<Upgrade, Upgrade
 
 /// Answers the WebSocket upgrade of an HTTP request for `path` on `io`, or refuses it with an
 /// HTTP error; a web page of an origin the listener neither lists nor serves is refused where
-/// it lists some. Returns the stream and what the request says of the page.
+/// it lists some. Returns the stream, and the origin of a web page the listener lets connect
+/// without trusting it (see [`Page::Foreign`]).
 pub(crate) async fn upgrade(
     mut io: Io,
     path: &str,
     origins: &Origins,
+    secure: bool,
     max_message: usize,
-) -> Result<(WebSocketStream<Io>, Page), UpgradeError> {
+) -> Result<(WebSocketStream<Io>, Option<String>), UpgradeError> {
     let mut buf = BytesMut::with_capacity(1024);
     let (head_len, upgrade) = loop {
         match parse_request(&buf, path) {
@@ -168,14 +182,17 @@ pub(crate) async fn upgrade(
         }
     };
     let origin = upgrade.origin.as_deref();
-    let page = origin::judge(origin, upgrade.host.as_deref(), origins);
-    if page == Page::Refused {
-        let e = UpgradeError::ForeignPage(origin.unwrap_or_default().to_owned());
-        if let Some((status, reason)) = e.status() {
-            respond_error(&mut io, status, reason).await;
+    let foreign = match origin::judge(origin, upgrade.host.as_deref(), secure, origins) {
+        Page::None | Page::Trusted => None,
+        Page::Foreign(origin) => Some(origin),
+        Page::Refused => {
+            let e = UpgradeError::ForeignPage(origin.unwrap_or_default().to_owned());
+            if let Some((status, reason)) = e.status() {
+                respond_error(&mut io, status, reason).await;
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     let mut response = format!(
         "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {}\r\n",
         derive_accept_key(upgrade.key.as_bytes())
@@ -190,7 +207,7 @@ pub(crate) async fn upgrade(
     let rest = buf.split_off(head_len).to_vec();
     let config = config(max_message);
     let ws = WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await;
-    Ok((ws, page))
+    Ok((ws, foreign))
 }
 
 /// How the library frames a connection whose MQTT packets may be `max_message` bytes long: no
@@ -293,6 +310,33 @@ mod tests {
         assert_eq!(parse(&none, "/mqtt").expect("ok").protocol, None);
         let query = GOOD.replace("GET /mqtt ", "GET /mqtt?x=1 ");
         assert!(parse(&query, "/mqtt").is_ok());
+    }
+
+    #[test]
+    fn the_page_origin_and_host_are_taken_once_each() {
+        let page = GOOD.replace("Host: x\r\n", "Host: x\r\nOrigin: https://app.example\r\n");
+        let u = parse(&page, "/mqtt").expect("accepted");
+        assert_eq!(u.origin.as_deref(), Some("https://app.example"));
+        assert_eq!(u.host.as_deref(), Some("x"));
+        assert_eq!(parse(GOOD, "/mqtt").expect("accepted").origin, None);
+        let twice = page.replace("Host: x\r\n", "Host: x\r\nOrigin: http://127.0.0.1\r\n");
+        assert_eq!(status(parse(&twice, "/mqtt")), 400);
+        let hosts = GOOD.replace("Host: x\r\n", "Host: x\r\nhost: y\r\n");
+        assert_eq!(status(parse(&hosts, "/mqtt")), 400);
+    }
+
+    #[test]
+    fn an_origin_that_is_not_text_still_marks_a_page() {
+        let mut head = b"GET /mqtt HTTP/1.1\r\nHost: x\r\nOrigin: \xff\xfe\r\n".to_vec();
+        head.extend_from_slice(&GOOD.as_bytes()["GET /mqtt HTTP/1.1\r\nHost: x\r\n".len()..]);
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        assert!(matches!(
+            req.parse(&head),
+            Ok(httparse::Status::Complete(_))
+        ));
+        let u = check(&req, "/mqtt").expect("accepted");
+        assert!(u.origin.is_some_and(|o| !o.is_empty()));
     }
 
     #[test]
