@@ -30,8 +30,8 @@ SHOTS = Path(os.environ.get("MQKV_SCREENSHOTS")
              or Path(__file__).resolve().parents[2] / "target" / "dashboard-screenshots")
 
 
-@pytest.fixture
-def browser(tmp_path):
+def start_chromium(tmp_path, *extra_args):
+    """A headless Chromium under Selenium, with `extra_args` on its command line."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -40,10 +40,17 @@ def browser(tmp_path):
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
                 "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1280,860", f"--user-data-dir={tmp_path / 'chromium'}"):
+                "--window-size=1280,860", f"--user-data-dir={tmp_path / 'chromium'}",
+                *extra_args):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(20)
+    return driver
+
+
+@pytest.fixture
+def browser(tmp_path):
+    driver = start_chromium(tmp_path)
     yield driver
     driver.quit()
 
