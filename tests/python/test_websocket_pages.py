@@ -17,24 +17,29 @@ import pytest
 from helpers import HOST, Paho, wait_for
 from test_dashboard_browser import browser, needs_browser, start_chromium  # noqa: F401  (fixture)
 
-# A page that connects anonymously as MQTT 5 client "web" and, once let in, publishes "hi" to
-# stolen/x at QoS 0. Its title says what the broker answered.
-PAGE = """<!doctype html><title>loading</title><script>
+# A client that connects anonymously to `url` as MQTT 5 client "web" and, once let in, publishes
+# "hi" to stolen/x at QoS 0. The page's title says what the broker answered.
+CLIENT = """<!doctype html><title>loading</title><script>
 const connect = new Uint8Array([0x10, 16, 0, 4, 77, 81, 84, 84, 5, 2, 0, 60, 0, 0, 3, 119, 101, 98]);
 const topic = Array.from("stolen/x", (c) => c.charCodeAt(0));
 const publish = new Uint8Array([0x30, 13, 0, 8, ...topic, 0, 104, 105]);
-const ws = new WebSocket("ws://127.0.0.1:WS_PORT/mqtt", "mqtt");
-ws.binaryType = "arraybuffer";
-ws.onopen = () => ws.send(connect);
-ws.onmessage = (e) => {
-  const b = new Uint8Array(e.data);
-  if (b[0] === 0x20) {
-    document.title = "connack " + b[3];
-    if (b[3] === 0) ws.send(publish);
-  }
-};
-ws.onclose = () => { if (!document.title.startsWith("connack")) document.title = "refused"; };
+function go(url) {
+  const ws = new WebSocket(url, "mqtt");
+  ws.binaryType = "arraybuffer";
+  ws.onopen = () => ws.send(connect);
+  ws.onmessage = (e) => {
+    const b = new Uint8Array(e.data);
+    if (b[0] === 0x20) {
+      document.title = "connack " + b[3];
+      if (b[3] === 0) ws.send(publish);
+    }
+  };
+  ws.onclose = () => { if (!document.title.startsWith("connack")) document.title = "refused"; };
+}
 </script>"""
+
+# The client, connecting at once to the broker's WebSocket listener on WS_PORT.
+PAGE = CLIENT + '<script>go("ws://127.0.0.1:WS_PORT/mqtt");</script>'
 
 
 @pytest.fixture
@@ -93,28 +98,6 @@ def test_a_listed_origin_is_trusted_and_others_are_refused(mqkv, browser, site):
     assert nothing_arrives(sub)
 
 
-# The same client as PAGE, connecting when `go()` is called, to the host and port the page came
-# from.
-REBINDING_PAGE = """<!doctype html><title>loading</title><script>
-const connect = new Uint8Array([0x10, 16, 0, 4, 77, 81, 84, 84, 5, 2, 0, 60, 0, 0, 3, 119, 101, 98]);
-const topic = Array.from("stolen/x", (c) => c.charCodeAt(0));
-const publish = new Uint8Array([0x30, 13, 0, 8, ...topic, 0, 104, 105]);
-function go() {
-  const ws = new WebSocket("ws://" + location.host + "/mqtt", "mqtt");
-  ws.binaryType = "arraybuffer";
-  ws.onopen = () => ws.send(connect);
-  ws.onmessage = (e) => {
-    const b = new Uint8Array(e.data);
-    if (b[0] === 0x20) {
-      document.title = "connack " + b[3];
-      if (b[3] === 0) ws.send(publish);
-    }
-  };
-  ws.onclose = () => { if (!document.title.startsWith("connack")) document.title = "refused"; };
-}
-</script>"""
-
-
 @needs_browser
 def test_a_page_that_rebinds_its_own_name_to_the_machine_is_not_local(mqkv, tmp_path):
     """DNS rebinding: a site serves its page from its own name and port, then points the name
@@ -125,7 +108,7 @@ def test_a_page_that_rebinds_its_own_name_to_the_machine_is_not_local(mqkv, tmp_
     try:
         root = tmp_path / "site"
         root.mkdir()
-        (root / "page.html").write_text(REBINDING_PAGE)
+        (root / "page.html").write_text(CLIENT)
         handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
         with socket.socket() as probe:
             probe.bind((HOST, 0))
@@ -141,7 +124,8 @@ def test_a_page_that_rebinds_its_own_name_to_the_machine_is_not_local(mqkv, tmp_
         server = mqkv("--listen-ws", f"{HOST}:{port}")
         sub = Paho(server, "local-sub")
         assert sub.subscribe("stolen/#") == [0]
-        driver.execute_script("go()")
+        # To the host and port the page came from: its own origin, under a DNS name.
+        driver.execute_script('go("ws://" + location.host + "/mqtt")')
         wait_for(lambda: driver.title != "loading", 10, what="the page's answer")
         assert driver.title == "connack 135"
         assert nothing_arrives(sub)
