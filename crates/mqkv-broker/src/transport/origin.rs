@@ -45,7 +45,7 @@ pub fn check(entry: &str) -> Result<(), String> {
         return bad("give only scheme://host[:port], without a path");
     }
     let default = if scheme == "https" { ":443" } else { ":80" };
-    if authority.ends_with(default) && !authority.ends_with("]") {
+    if authority.ends_with(default) {
         return bad("leave out the scheme's default port, as browsers do");
     }
     Ok(())
