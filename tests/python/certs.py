@@ -80,6 +80,7 @@ def issue(
     sans: tuple[str, ...] = (),
     expired: bool = False,
     rsa_key: bool = False,
+    valid_days: int = 30,
 ) -> Issued:
     """A certificate for `cn` signed by `ca`: a server certificate (with `sans`: DNS names or
     IP addresses) or a client one. RSA keys are written as PKCS#1, EC keys as SEC1, so both
@@ -94,7 +95,8 @@ def issue(
     if expired:
         not_before, not_after = now - datetime.timedelta(days=10), now - datetime.timedelta(days=1)
     else:
-        not_before, not_after = now - datetime.timedelta(days=1), now + datetime.timedelta(days=30)
+        not_before = now - datetime.timedelta(days=1)
+        not_after = now + datetime.timedelta(days=valid_days)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(cn))

@@ -325,7 +325,8 @@ def test_mosquitto_passwd_files_are_accepted(mqkv, tmp_path):
 
 def test_passwd_deletes_and_sighup_reloads_the_password_file(mqkv, tmp_path):
     path = password_file(tmp_path, {"alice": "s3cret", "bob": "other"})
-    s = mqkv("--password-file", path)
+    # Only the signal reads the file again.
+    s = mqkv("--password-file", path, "--watch-interval-ms", "0")
     kept = Paho(s, "bob-kept", username="bob", password="other")
     res = subprocess.run([MQKV_BIN, "passwd", "-D", str(path), "bob"], capture_output=True,
                          timeout=30)

@@ -78,7 +78,8 @@ def users(tmp_path):
 def secured(mqkv, tmp_path, users):
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    server = mqkv("--password-file", users, "--policy", policy,
+    # Only SIGHUP and `mqkv reload` read the policy again.
+    server = mqkv("--password-file", users, "--policy", policy, "--watch-interval-ms", "0",
                   config="[state_store]\nscan_page_size = 3\n")
     server.policy_path = policy
     return server
@@ -406,7 +407,7 @@ def test_mqkv_reload_reads_the_policy_again(mqkv, tmp_path, users):
       topics: ["mqkv-cli/#"]
 """
     policy.write_text(admin)
-    server = mqkv("--password-file", users, "--policy", policy)
+    server = mqkv("--password-file", users, "--policy", policy, "--watch-interval-ms", "0")
     login(server, "bob", expect_rc=NOT_AUTHORIZED)
     reload = [MQKV_BIN, "reload", "--port", str(server.port), "--username", "alice",
               "--password", "alice-pw"]

@@ -412,7 +412,8 @@ def test_sighup_reloads_certificates_and_keeps_clients(mqkv, pki, tmp_path):
     cert, key = tmp_path / "live.pem", tmp_path / "live.key"
     shutil.copy(pki.server.cert_path, cert)
     shutil.copy(pki.server.key_path, key)
-    server = mqkv("--listen-tls", f"{HOST}:0", "--tls-cert", cert, "--tls-key", key)
+    server = mqkv("--listen-tls", f"{HOST}:0", "--tls-cert", cert, "--tls-key", key,
+                  "--watch-interval-ms", "0")
     before = Paho(server, "before", listener="tls", tls=trust(pki))
     before.subscribe("reload/t", 1)
 
@@ -542,7 +543,7 @@ def test_revoked_client_certificates_are_refused(mqkv, pki, tmp_path):
     server = mqkv(
         "--listen-tls", f"{HOST}:0",
         *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path, "--tls-require-client-cert",
-                   "--tls-crl", crl),
+                   "--tls-crl", crl, "--watch-interval-ms", "0"),
     )
 
     def holder(who):

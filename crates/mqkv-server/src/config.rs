@@ -298,6 +298,10 @@ pub struct ServerConfig {
     /// How often changed broker state (retained messages, persistent sessions) is saved, in
     /// milliseconds; the most a crash can lose of it.
     pub persist_interval_ms: u64,
+    /// How often the TLS files, the password file, the token keys and the policy are checked
+    /// for changes, in milliseconds; a part whose files changed, and then stayed the same for
+    /// one more check, is read again as on SIGHUP. 0: only on SIGHUP and `mqkv reload`.
+    pub watch_interval_ms: u64,
     /// Threads serving client connections; `None` is one per core. The state store's log
     /// is written and applied on one of them or on a thread of its own (see `raft_thread`).
     pub workers: Option<usize>,
@@ -347,6 +351,7 @@ impl Default for ServerConfig {
             broker: BrokerConfig::default(),
             state_store: StateStoreConfig::default(),
             persist_interval_ms: 1000,
+            watch_interval_ms: 10_000,
             workers: None,
             pin_workers: true,
             batch_scheduling: true,

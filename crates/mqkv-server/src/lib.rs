@@ -13,6 +13,7 @@ pub mod reload;
 pub mod replicated;
 pub mod statestore;
 pub mod survivor;
+mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -34,6 +35,8 @@ pub struct Server {
     pub endpoints: Vec<Endpoint>,
     /// What [`Server::reload`] reads again.
     reloader: Arc<reload::Reloader>,
+    /// Reloads changed files, until the server stops.
+    _watching: watch::Watching,
     /// The HTTP listener (metrics and health), if any.
     http: Option<http::HttpListener>,
     saver: Option<persistence::Saver>,
@@ -267,15 +270,16 @@ impl Server {
                 return Err(e.into());
             }
         };
-        let reloader = Arc::new(reload::Reloader {
-            broker: broker.clone(),
+        let reloader = Arc::new(reload::Reloader::new(
+            broker.clone(),
             tls,
             passwords,
-            tokens: config.tokens.clone().map(|t| (t, tokens)),
-            policy: policy.map(|(path, _)| path),
-            notifier: notifier.clone(),
-        });
+            config.tokens.clone().map(|t| (t, tokens)),
+            policy.map(|(path, _)| path),
+            notifier.clone(),
+        ));
         let _ = reloader_cell.set(reloader.clone());
+        let watching = watch::start(&reloader, Duration::from_millis(config.watch_interval_ms));
         let mut endpoints = Vec::new();
         for l in planned {
             match broker.listen_on(l.address, l.transport).await {
@@ -304,6 +308,7 @@ impl Server {
                 mqkv_broker::QueueFullPolicy::DropNew => "drop-new",
                 mqkv_broker::QueueFullPolicy::DropOldest => "drop-oldest",
             },
+            reloader: reloader.clone(),
         };
         let dashboard = Arc::new(dashboard::Dashboard {
             viewers: Arc::new(dashboard::viewers::Viewers::new(
@@ -336,6 +341,7 @@ impl Server {
             listeners,
             endpoints,
             reloader,
+            _watching: watching,
             http,
             saver,
             node,

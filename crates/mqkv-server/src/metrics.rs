@@ -17,6 +17,8 @@ pub struct Sources {
     pub hostname: String,
     /// The queue policy, for the label of queue drops.
     pub queue_full: &'static str,
+    /// The files read again on SIGHUP or when they change.
+    pub reloader: std::sync::Arc<crate::reload::Reloader>,
 }
 
 /// The machine's host name.
@@ -382,5 +384,46 @@ pub fn render(s: &Sources) -> String {
         "snapshots written",
         stats.snapshots_built,
     );
+    reloads(&mut o, &s.reloader.report());
     o.text
+}
+
+/// The files the server reads again on SIGHUP or when they change: whether each part loaded,
+/// and when the server certificates expire.
+fn reloads(o: &mut Out, parts: &[crate::reload::PartReport]) {
+    let name = "mqkv_reload_successful";
+    o.header(
+        name,
+        "gauge",
+        "1 if the part's files loaded the last time they were read, 0 if the part still runs on older ones",
+    );
+    for p in parts {
+        let file = p.file.to_string_lossy();
+        o.sample(
+            name,
+            &[("part", p.part.name()), ("file", &file)],
+            u8::from(p.ok),
+        );
+    }
+    let name = "mqkv_reload_failures";
+    o.header(name, "counter", "reads of the part's files that failed");
+    for p in parts {
+        let file = p.file.to_string_lossy();
+        o.sample(
+            name,
+            &[("part", p.part.name()), ("file", &file)],
+            p.failures,
+        );
+    }
+    let name = "mqkv_tls_certificate_not_after_seconds";
+    o.header(
+        name,
+        "gauge",
+        "when the server certificate in use expires, in seconds since the Unix epoch",
+    );
+    for p in parts {
+        if let Some(t) = p.not_after {
+            o.sample(name, &[("file", &p.file.to_string_lossy())], t);
+        }
+    }
 }

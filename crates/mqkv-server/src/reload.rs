@@ -1,10 +1,16 @@
-//! Reading the server's files again while it runs (SIGHUP, `mqkv reload`): TLS certificates
-//! and keys, the password file, the token keys and the policy. Connected clients stay; a
-//! new policy applies to their next operation. A file that fails to load is reported in the
-//! log and what was in force stays.
+//! Reading the server's files again while it runs: TLS certificates and keys, the password
+//! file, the token keys and the policy. SIGHUP and `mqkv reload` read every file again;
+//! [`Reloader::reload_changed`] (run every few seconds, see [`crate::watch`]) reads a part
+//! again once its files have changed. Connected clients stay; a new policy applies to their
+//! next operation. A file that fails to load is reported in the log and in `/metrics`, and
+//! what was in force stays.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hasher};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use mqkv_broker::auth::PasswordStore;
 use mqkv_broker::tokens::{TokenStore, TokenVerifier};
@@ -14,73 +20,427 @@ use crate::config::TokenConfig;
 use crate::policy::Policy;
 use crate::statestore::Notifier;
 
+/// Server certificates that expire within this many seconds are warned of: two weeks, well
+/// after renewal is due (cert-manager and ACME clients renew a third of the way before the end,
+/// 30 days for a 90-day certificate), so a warning means renewal has failed.
+const EXPIRY_WARNING_SECS: i64 = 14 * 24 * 3600;
+
+/// One part of what the server reads from files, loaded as a whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Part {
+    Passwords,
+    Tokens,
+    Policy,
+    /// The TLS settings of some TLS listeners, by their place in [`Reloader`]'s list.
+    Tls(usize),
+}
+
+impl Part {
+    /// The part's name in logs and in `/metrics`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Part::Passwords => "passwords",
+            Part::Tokens => "tokens",
+            Part::Policy => "policy",
+            Part::Tls(_) => "tls",
+        }
+    }
+}
+
+/// What a part's files held: a hash of each one's contents, `None` where it could not be read.
+type Stamp = Vec<Option<u64>>;
+
+fn stamp(files: &[PathBuf]) -> Stamp {
+    files
+        .iter()
+        .map(|path| {
+            let bytes = std::fs::read(path).ok()?;
+            let mut h = DefaultHasher::new();
+            h.write(&bytes);
+            Some(h.finish())
+        })
+        .collect()
+}
+
+/// What is known of one part's loading.
+#[derive(Debug, Default)]
+struct PartState {
+    /// What its files held when it was last loaded (or failed to load).
+    loaded: Stamp,
+    /// What they held at the last check, when that differed from `loaded`: a change is loaded
+    /// once two checks in a row find the same contents, so a file caught half-written is not.
+    changing: Option<Stamp>,
+    /// Whether its last load succeeded.
+    ok: bool,
+    /// Loads that failed since the start.
+    failures: u64,
+}
+
+impl PartState {
+    /// Takes what the part's files hold now. True when that is a change to load: it differs
+    /// from what was loaded, and the check before found the same; it then counts as loaded.
+    fn settled_change(&mut self, now: Stamp) -> bool {
+        if now == self.loaded {
+            self.changing = None;
+            false
+        } else if self.changing.as_ref() == Some(&now) {
+            self.changing = None;
+            self.loaded = now;
+            true
+        } else {
+            self.changing = Some(now);
+            false
+        }
+    }
+}
+
+/// How one part stands, for `/metrics`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartReport {
+    pub part: Part,
+    /// The part's first file: the certificate of TLS settings, the first key of tokens.
+    pub file: PathBuf,
+    /// Whether its last load succeeded.
+    pub ok: bool,
+    /// Loads that failed since the start.
+    pub failures: u64,
+    /// For TLS settings: when the server certificate in use expires, in seconds since the
+    /// Unix epoch.
+    pub not_after: Option<i64>,
+}
+
 /// Everything that can be read again, and where it goes.
 pub struct Reloader {
-    pub(crate) broker: Broker,
+    broker: Broker,
     /// The TLS settings of the TLS listeners.
-    pub(crate) tls: Vec<Arc<mqkv_broker::Tls>>,
+    tls: Vec<Arc<mqkv_broker::Tls>>,
     /// The password file and the users read from it.
-    pub(crate) passwords: Option<(PathBuf, Arc<PasswordStore>)>,
+    passwords: Option<(PathBuf, Arc<PasswordStore>)>,
     /// The token settings and the keys read for them.
-    pub(crate) tokens: Option<(TokenConfig, Arc<TokenStore>)>,
+    tokens: Option<(TokenConfig, Arc<TokenStore>)>,
     /// The policy file.
-    pub(crate) policy: Option<PathBuf>,
+    policy: Option<PathBuf>,
     /// Key observations, which a new policy may end.
-    pub(crate) notifier: Arc<Notifier>,
+    notifier: Arc<Notifier>,
+    /// Each part's state; held while a part loads, so that loads never overlap.
+    state: Mutex<HashMap<Part, PartState>>,
 }
 
 impl Reloader {
-    /// Reads every file again; returns how many failed.
-    pub fn reload(&self) -> usize {
-        let mut failed = 0;
-        if let Some((path, store)) = &self.passwords {
-            match mqkv_broker::passwords::Passwords::load(path) {
-                Ok(users) => {
-                    store.replace(users);
-                    tracing::info!(file = %path.display(), "password file reloaded");
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "password file reload failed; the previous users stay");
-                }
-            }
+    /// The reloader of what the server has just loaded: the files' contents now count as
+    /// loaded. Warns of server certificates that expire soon.
+    pub fn new(
+        broker: Broker,
+        tls: Vec<Arc<mqkv_broker::Tls>>,
+        passwords: Option<(PathBuf, Arc<PasswordStore>)>,
+        tokens: Option<(TokenConfig, Arc<TokenStore>)>,
+        policy: Option<PathBuf>,
+        notifier: Arc<Notifier>,
+    ) -> Reloader {
+        let reloader = Reloader {
+            broker,
+            tls,
+            passwords,
+            tokens,
+            policy,
+            notifier,
+            state: Mutex::new(HashMap::new()),
+        };
+        let state = reloader
+            .parts()
+            .into_iter()
+            .map(|(part, files)| {
+                let loaded = stamp(&files);
+                let ok = true;
+                let state = PartState {
+                    loaded,
+                    ok,
+                    ..PartState::default()
+                };
+                (part, state)
+            })
+            .collect();
+        *reloader.state.lock() = state;
+        reloader.warn_of_expiry(unix_now());
+        reloader
+    }
+
+    /// Every part, with the files it is read from.
+    fn parts(&self) -> Vec<(Part, Vec<PathBuf>)> {
+        let mut parts = Vec::new();
+        if let Some((path, _)) = &self.passwords {
+            parts.push((Part::Passwords, vec![path.clone()]));
         }
-        if let Some((settings, store)) = &self.tokens {
-            match TokenVerifier::load(&settings.settings()) {
-                Ok(verifier) => {
-                    store.replace(verifier);
-                    tracing::info!("token keys reloaded");
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "token keys reload failed; the previous keys stay");
-                }
-            }
+        if let Some((settings, _)) = &self.tokens {
+            let files = settings
+                .keys
+                .iter()
+                .chain(&settings.jwks)
+                .cloned()
+                .collect();
+            parts.push((Part::Tokens, files));
         }
         if let Some(path) = &self.policy {
-            match Policy::load(path) {
-                Ok(policy) => {
-                    let policy = Arc::new(policy);
-                    tracing::info!(file = %path.display(), rules = policy.rule_count(), "policy reloaded");
-                    self.broker.set_policy(Some(policy.clone()));
-                    self.notifier.apply_policy(&*policy);
-                }
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
-                }
-            }
+            parts.push((Part::Policy, vec![path.clone()]));
         }
-        for tls in &self.tls {
-            let cert = tls.files().cert.display();
-            match tls.reload() {
-                Ok(()) => tracing::info!(%cert, "TLS certificate and key reloaded"),
-                Err(e) => {
-                    failed += 1;
-                    tracing::error!(%cert, error = %e, "TLS reload failed; the previous certificate stays in use");
-                }
+        for (i, tls) in self.tls.iter().enumerate() {
+            let f = tls.files();
+            let files = [
+                Some(&f.cert),
+                Some(&f.key),
+                f.client_ca.as_ref(),
+                f.crl.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect();
+            parts.push((Part::Tls(i), files));
+        }
+        parts
+    }
+
+    /// Reads every file again; returns how many parts failed to load.
+    pub fn reload(&self) -> usize {
+        let mut state = self.state.lock();
+        let mut failed = 0;
+        for (part, files) in self.parts() {
+            let now = stamp(&files);
+            let s = state.entry(part).or_default();
+            s.changing = None;
+            s.loaded = now;
+            if !self.load(part, s) {
+                failed += 1;
             }
         }
         failed
+    }
+
+    /// Reads again each part whose files changed since it was last loaded and have stayed as
+    /// they are since the call before; returns how many parts it read.
+    pub fn reload_changed(&self) -> usize {
+        let mut state = self.state.lock();
+        let mut read = 0;
+        for (part, files) in self.parts() {
+            let s = state.entry(part).or_default();
+            if s.settled_change(stamp(&files)) {
+                let file = files.first().map(|f| f.display().to_string());
+                tracing::info!(
+                    part = part.name(),
+                    file,
+                    "files changed: reading them again"
+                );
+                self.load(part, s);
+                read += 1;
+            }
+        }
+        read
+    }
+
+    /// Loads one part; records and logs how it went.
+    fn load(&self, part: Part, s: &mut PartState) -> bool {
+        let result = match part {
+            Part::Passwords => self.load_passwords(),
+            Part::Tokens => self.load_tokens(),
+            Part::Policy => self.load_policy(),
+            Part::Tls(i) => self.load_tls(i),
+        };
+        s.ok = result.is_ok();
+        if !s.ok {
+            s.failures += 1;
+        }
+        s.ok
+    }
+
+    fn load_passwords(&self) -> Result<(), ()> {
+        let Some((path, store)) = &self.passwords else {
+            return Ok(());
+        };
+        match mqkv_broker::passwords::Passwords::load(path) {
+            Ok(users) => {
+                store.replace(users);
+                tracing::info!(file = %path.display(), "password file reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "password file reload failed; the previous users stay");
+                Err(())
+            }
+        }
+    }
+
+    fn load_tokens(&self) -> Result<(), ()> {
+        let Some((settings, store)) = &self.tokens else {
+            return Ok(());
+        };
+        match TokenVerifier::load(&settings.settings()) {
+            Ok(verifier) => {
+                store.replace(verifier);
+                tracing::info!("token keys reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "token keys reload failed; the previous keys stay");
+                Err(())
+            }
+        }
+    }
+
+    fn load_policy(&self) -> Result<(), ()> {
+        let Some(path) = &self.policy else {
+            return Ok(());
+        };
+        match Policy::load(path) {
+            Ok(policy) => {
+                let policy = Arc::new(policy);
+                tracing::info!(file = %path.display(), rules = policy.rule_count(), "policy reloaded");
+                self.broker.set_policy(Some(policy.clone()));
+                self.notifier.apply_policy(&*policy);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
+                Err(())
+            }
+        }
+    }
+
+    fn load_tls(&self, i: usize) -> Result<(), ()> {
+        let Some(tls) = self.tls.get(i) else {
+            return Ok(());
+        };
+        let cert = tls.files().cert.display();
+        match tls.reload() {
+            Ok(()) => {
+                tracing::info!(%cert, "TLS certificate and key reloaded");
+                warn_of_expiry(&tls.files().cert, tls.not_after(), unix_now());
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(%cert, error = %e, "TLS reload failed; the previous certificate stays in use");
+                Err(())
+            }
+        }
+    }
+
+    /// Logs a warning for each server certificate in use that expires within 14 days, and an
+    /// error for each one that has expired; `now` in seconds since the Unix epoch.
+    pub fn warn_of_expiry(&self, now: i64) {
+        for tls in &self.tls {
+            warn_of_expiry(&tls.files().cert, tls.not_after(), now);
+        }
+    }
+
+    /// How each part stands, in a stable order.
+    pub fn report(&self) -> Vec<PartReport> {
+        let state = self.state.lock();
+        let mut report: Vec<PartReport> = self
+            .parts()
+            .into_iter()
+            .map(|(part, files)| {
+                let s = state.get(&part);
+                PartReport {
+                    part,
+                    file: files.first().cloned().unwrap_or_default(),
+                    ok: s.is_none_or(|s| s.ok),
+                    failures: s.map_or(0, |s| s.failures),
+                    not_after: match part {
+                        Part::Tls(i) => self.tls.get(i).map(|t| t.not_after()),
+                        _ => None,
+                    },
+                }
+            })
+            .collect();
+        report.sort_by_key(|r| r.part);
+        report
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub(crate) fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+fn warn_of_expiry(cert: &Path, not_after: i64, now: i64) {
+    const DAY: i64 = 24 * 3600;
+    let left = not_after - now;
+    if left <= 0 {
+        let days_ago = -left / DAY;
+        tracing::error!(cert = %cert.display(), days_ago, "the server certificate has expired: clients will refuse it");
+    } else if left < EXPIRY_WARNING_SECS {
+        let days = left / DAY;
+        tracing::warn!(cert = %cert.display(), days, "the server certificate expires soon");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(loaded: &[Option<u64>]) -> PartState {
+        PartState {
+            loaded: loaded.to_vec(),
+            ok: true,
+            ..PartState::default()
+        }
+    }
+
+    #[test]
+    fn a_change_loads_once_it_has_held_for_one_more_check() {
+        let mut s = state(&[Some(1), Some(2)]);
+        assert!(!s.settled_change(vec![Some(1), Some(2)]));
+        assert!(
+            !s.settled_change(vec![Some(1), Some(3)]),
+            "seen once: maybe half-written"
+        );
+        assert!(s.settled_change(vec![Some(1), Some(3)]));
+        assert_eq!(s.loaded, vec![Some(1), Some(3)]);
+        assert!(!s.settled_change(vec![Some(1), Some(3)]), "loaded already");
+    }
+
+    #[test]
+    fn a_file_still_being_written_waits() {
+        let mut s = state(&[Some(1)]);
+        assert!(!s.settled_change(vec![Some(2)]));
+        assert!(!s.settled_change(vec![Some(3)]));
+        assert!(!s.settled_change(vec![Some(4)]));
+        assert!(s.settled_change(vec![Some(4)]));
+    }
+
+    #[test]
+    fn a_change_undone_before_it_settled_loads_nothing() {
+        let mut s = state(&[Some(1)]);
+        assert!(!s.settled_change(vec![Some(2)]));
+        assert!(!s.settled_change(vec![Some(1)]));
+        assert!(!s.settled_change(vec![Some(2)]), "the change starts over");
+        assert!(s.settled_change(vec![Some(2)]));
+    }
+
+    #[test]
+    fn a_file_that_vanishes_is_a_change_too() {
+        let mut s = state(&[Some(1)]);
+        assert!(!s.settled_change(vec![None]));
+        assert!(s.settled_change(vec![None]), "loading it fails and says so");
+        assert!(
+            !s.settled_change(vec![None]),
+            "and is not tried again until it changes"
+        );
+        assert!(!s.settled_change(vec![Some(1)]));
+        assert!(s.settled_change(vec![Some(1)]));
+    }
+
+    #[test]
+    fn stamps_follow_contents_not_times() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let a = dir.path().join("a.pem");
+        std::fs::write(&a, "one").expect("write");
+        let first = stamp(std::slice::from_ref(&a));
+        std::fs::write(&a, "one").expect("write");
+        assert_eq!(stamp(std::slice::from_ref(&a)), first);
+        std::fs::write(&a, "two").expect("write");
+        assert_ne!(stamp(std::slice::from_ref(&a)), first);
+        assert_eq!(stamp(&[dir.path().join("missing")]), vec![None]);
     }
 }

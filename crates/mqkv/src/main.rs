@@ -98,6 +98,11 @@ struct ServeArgs {
     /// The authorization policy (YAML, AIO's BrokerAuthorization shape).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// How often the TLS files, the password file, the token keys and the policy are checked
+    /// for changes, in milliseconds; changed files are read again as on SIGHUP (default
+    /// 10000; 0: only on SIGHUP and `mqkv reload`).
+    #[arg(long, value_name = "MS")]
+    watch_interval_ms: Option<u64>,
     /// The HTTP listener for /metrics, /healthz and /readyz: ADDR:PORT, or off (default
     /// 127.0.0.1:9600, skipped with a warning when taken).
     #[arg(long, value_name = "ADDR:PORT|off")]
@@ -334,6 +339,9 @@ impl ServeArgs {
         }
         if let Some(v) = self.policy {
             c.policy = Some(v);
+        }
+        if let Some(v) = self.watch_interval_ms {
+            c.watch_interval_ms = v;
         }
         if let Some(v) = self.http {
             c.http = Some(v);

@@ -71,17 +71,32 @@ pub enum TlsError {
 #[derive(Debug)]
 pub struct Tls {
     files: TlsFiles,
-    current: RwLock<Arc<ServerConfig>>,
+    current: RwLock<Loaded>,
+}
+
+/// What the files held when they were last read successfully.
+#[derive(Debug)]
+struct Loaded {
+    config: Arc<ServerConfig>,
+    /// When the server's own certificate stops being valid, in seconds since the Unix epoch.
+    not_after: i64,
+}
+
+impl Loaded {
+    fn read(files: &TlsFiles) -> Result<Loaded, TlsError> {
+        let (config, not_after) = server_config(files)?;
+        Ok(Loaded {
+            config: Arc::new(config),
+            not_after,
+        })
+    }
 }
 
 impl Tls {
     /// Reads and checks the files.
     pub fn load(files: TlsFiles) -> Result<Tls, TlsError> {
-        let config = server_config(&files)?;
-        Ok(Tls {
-            files,
-            current: RwLock::new(Arc::new(config)),
-        })
+        let current = RwLock::new(Loaded::read(&files)?);
+        Ok(Tls { files, current })
     }
 
     pub fn files(&self) -> &TlsFiles {
@@ -91,14 +106,19 @@ impl Tls {
     /// Reads the files again; new connections use what they hold, connected clients keep
     /// their sessions. On failure the settings in use stay.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let config = server_config(&self.files)?;
-        *self.current.write() = Arc::new(config);
+        *self.current.write() = Loaded::read(&self.files)?;
         Ok(())
+    }
+
+    /// When the server certificate in use (the first of its chain) expires, in seconds since
+    /// the Unix epoch.
+    pub fn not_after(&self) -> i64 {
+        self.current.read().not_after
     }
 
     /// Runs the server side of a TLS handshake.
     pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<Socket>> {
-        let config = self.current.read().clone();
+        let config = self.current.read().config.clone();
         tokio_rustls::TlsAcceptor::from(config)
             .accept(Socket::new(tcp))
             .await
@@ -145,8 +165,17 @@ fn read_crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, 
     Ok(crls)
 }
 
-fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+/// The configuration the files make, and when the server's certificate expires.
+fn server_config(files: &TlsFiles) -> Result<(ServerConfig, i64), TlsError> {
     let chain = read_certs(&files.cert)?;
+    let not_after = chain
+        .first()
+        .and_then(|der| x509_parser::parse_x509_certificate(der).ok())
+        .map(|(_, cert)| cert.validity().not_after.timestamp())
+        .ok_or_else(|| TlsError::Read {
+            path: files.cert.clone(),
+            reason: "its first certificate does not parse".into(),
+        })?;
     let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::Read {
         path: files.key.clone(),
         reason: e.to_string(),
@@ -217,7 +246,7 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
     // and revocation lists apply to every new connection at once.
     config.ticketer =
         rustls::crypto::ring::Ticketer::new().map_err(|e| TlsError::Config(e.to_string()))?;
-    Ok(config)
+    Ok((config, not_after))
 }
 
 /// A client certificate that TLS verified: what authentication may identify the client by.
