@@ -5,6 +5,7 @@ ends the connection with 0xA0."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import jwt
@@ -13,7 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 import mqttraw
-from helpers import raw
+from helpers import raw, wait_for
 
 NOT_AUTHORIZED = 0x87
 BAD_METHOD = 0x8C
@@ -164,3 +165,35 @@ def test_auth_without_a_method_at_connect_is_a_protocol_error(mqkv):
     assert c.connect("plain").reason == 0
     c.send(mqttraw.auth(0x19, [(mqttraw.AUTHENTICATION_METHOD, METHOD)]))
     assert c.expect_disconnect_and_close().reason == 0x82
+
+
+def jwks(*signers: Signer) -> str:
+    """A JWKS document of the signers' public keys, as a Kubernetes API server serves it."""
+    keys = []
+    for i, s in enumerate(signers):
+        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(s.key.public_key()))
+        keys.append({**jwk, "use": "sig", "alg": "ES256", "kid": f"key-{i}"})
+    return json.dumps({"keys": keys})
+
+
+def test_a_rotated_key_set_is_read_again_without_a_signal(mqkv, tmp_path, signer):
+    """The API server's signing key rotates: the new key set is written over the old file, and
+    tokens signed with the new key connect once the server has read it, while the old key
+    stops working."""
+    new = Signer()
+    keyset = tmp_path / "jwks.json"
+    keyset.write_text(jwks(signer))
+    server = mqkv("--watch-interval-ms", "200", config=f"""
+[tokens]
+jwks = "{keyset}"
+""")
+    _, ack = connect_with(server, signer.token(), client_id="old-key")
+    assert ack.reason == 0
+    _, ack = connect_with(server, new.token(), client_id="new-key-early")
+    assert ack.reason == NOT_AUTHORIZED
+    keyset.write_text(jwks(new))
+    wait_for(lambda: "token keys reloaded" in server.stderr_text(), what="the reload")
+    _, ack = connect_with(server, new.token(), client_id="new-key")
+    assert ack.reason == 0
+    _, ack = connect_with(server, signer.token(), client_id="old-key-late")
+    assert ack.reason == NOT_AUTHORIZED
