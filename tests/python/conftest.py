@@ -41,8 +41,9 @@ def mqkv(request, tmp_path):
     """Factory: `mqkv(*flags, config=None)` starts a server and returns it."""
     servers: list[MqkvServer] = []
 
-    def start(*args, config: str | None = None, listeners: int = 0) -> MqkvServer:
-        s = MqkvServer(args, tmp_path, config, listeners)
+    def start(*args, config: str | None = None, listeners: int = 0,
+              plain: bool = True) -> MqkvServer:
+        s = MqkvServer(args, tmp_path, config, listeners, plain)
         servers.append(s)
         return s
 

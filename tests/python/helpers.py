@@ -63,11 +63,15 @@ class MqkvServer:
 
     LISTENER_FLAGS = ("--listen-tls", "--listen-ws", "--listen-wss")
 
-    def __init__(self, args, workdir: Path, config: str | None = None, listeners: int = 0):
+    def __init__(self, args, workdir: Path, config: str | None = None, listeners: int = 0,
+                 plain: bool = True):
+        """`plain`: a plain TCP listener on a free loopback port, besides what `args` and
+        `config` give (a `--listen` flag replaces the file's plain listeners)."""
         MqkvServer._counter += 1
         n = MqkvServer._counter
         self.workdir = workdir
-        cmd = [MQKV_BIN, "serve", "--listen", f"{HOST}:0", *map(str, args)]
+        listen = ["--listen", f"{HOST}:0"] if plain else []
+        cmd = [MQKV_BIN, "serve", *listen, *map(str, args)]
         if "--storage" not in cmd:
             # Servers of one test share a working directory; the default durable storage
             # would have them fight over ./mqkv-data.
@@ -90,7 +94,7 @@ class MqkvServer:
         self.stopped = False
         # One "listening on" line per listener: the plain one, those named by flags, and
         # `listeners` more from the configuration file.
-        expected = 1 + sum(1 for a in cmd if a in self.LISTENER_FLAGS) + listeners
+        expected = len(listen) // 2 + sum(1 for a in cmd if a in self.LISTENER_FLAGS) + listeners
         self.listening: list[tuple[str, int]] = []
         self.port = self._read_port()
         while len(self.listening) < expected:
@@ -310,10 +314,12 @@ class Paho:
         listener: str = "tcp",
         tls: dict | None = None,
         ws_path: str = "/mqtt",
+        port: int | None = None,
     ):
         """`listener` picks the server's listener by kind ("tcp", "tls", "ws", "wss");
         `tls` holds paho's `tls_set` arguments (ca_certs, certfile, keyfile) for the TLS
-        ones."""
+        ones. `port` connects elsewhere (a proxy in front of that listener) with the
+        listener's transport."""
         self.server = server
         self.version = version
         kw = {}
@@ -364,7 +370,7 @@ class Paho:
         if version == V5:
             ckw["clean_start"] = clean_start
             ckw["properties"] = properties
-        port = server.endpoints[listener]
+        port = port or server.endpoints[listener]
         self.client.connect(server.host, port, keepalive, **ckw)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True,

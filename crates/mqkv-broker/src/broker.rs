@@ -88,7 +88,19 @@ impl Broker {
         addr: SocketAddr,
         transport: Transport,
     ) -> std::io::Result<SocketAddr> {
-        crate::listener::listen(&self.inner, addr, transport).await
+        crate::listener::listen(&self.inner, addr, transport, None).await
+    }
+
+    /// As [`Self::listen_on`], for a listener behind a load balancer or reverse proxy that
+    /// starts every connection with a PROXY protocol header (see
+    /// [`crate::transport::proxy`]): clients are taken to be where the header says.
+    pub async fn listen_behind_proxy(
+        &self,
+        addr: SocketAddr,
+        transport: Transport,
+        proxy: crate::transport::ProxyProtocol,
+    ) -> std::io::Result<SocketAddr> {
+        crate::listener::listen(&self.inner, addr, transport, Some(Arc::new(proxy))).await
     }
 
     /// Claims topic filters for an in-process service: publishes to matching topics go to the

@@ -8,17 +8,22 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::inner::Inner;
-use crate::transport::Transport;
+use crate::transport::{ProxyProtocol, Transport};
 
-/// Binds a listener for clients that reach it over `transport` and serves MQTT on it until
-/// shutdown. Returns the bound address. A few connection threads accept from it (see
+/// Binds a listener for clients that reach it over `transport` (each connection starting with
+/// a PROXY protocol header if `proxy`) and serves MQTT on it until shutdown. Returns the bound
+/// address. A few connection threads accept from it (see
 /// [`crate::placement::ConnThreads::accepting`]).
 pub(crate) async fn listen(
     inner: &Arc<Inner>,
     addr: SocketAddr,
     transport: Transport,
+    proxy: Option<Arc<ProxyProtocol>>,
 ) -> std::io::Result<SocketAddr> {
     crate::transport::warn_if_exposed(addr, &transport);
+    if proxy.as_ref().is_some_and(|p| p.from.is_empty()) && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "PROXY protocol listener that takes headers from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
+    }
     let transport = Arc::new(transport);
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -32,7 +37,14 @@ pub(crate) async fn listen(
         let shutdown = inner.shutdown.subscribe();
         inner.threads.spawn_on(
             index,
-            accept_loop(weak, listener, local, transport.clone(), shutdown),
+            accept_loop(
+                weak,
+                listener,
+                local,
+                transport.clone(),
+                proxy.clone(),
+                shutdown,
+            ),
         );
     }
     Ok(local)
@@ -46,6 +58,7 @@ async fn accept_loop(
     listener: TcpListener,
     local: SocketAddr,
     transport: Arc<Transport>,
+    proxy: Option<Arc<ProxyProtocol>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
@@ -60,8 +73,9 @@ async fn accept_loop(
                     let _ = stream.set_nodelay(true);
                     let conn_inner = inner.clone();
                     let transport = transport.clone();
+                    let proxy = proxy.clone();
                     inner.threads.place(stream, move |stream| {
-                        crate::connection::run(conn_inner, stream, peer, local, transport)
+                        crate::connection::run(conn_inner, stream, peer, local, transport, proxy)
                     });
                 }
                 Err(e) => {

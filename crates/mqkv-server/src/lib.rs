@@ -282,7 +282,15 @@ impl Server {
         let watching = watch::start(&reloader, Duration::from_millis(config.watch_interval_ms));
         let mut endpoints = Vec::new();
         for l in planned {
-            match broker.listen_on(l.address, l.transport).await {
+            let bound = match l.proxy {
+                None => broker.listen_on(l.address, l.transport).await,
+                Some(proxy) => {
+                    broker
+                        .listen_behind_proxy(l.address, l.transport, proxy)
+                        .await
+                }
+            };
+            match bound {
                 Ok(addr) => endpoints.push(Endpoint {
                     kind: l.kind,
                     addr,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mqkv_broker::transport::{Origins, TlsVersion};
+use mqkv_broker::transport::{Origins, ProxyProtocol, TlsVersion};
 use mqkv_broker::{Tls, TlsFiles, Transport};
 use serde::{Deserialize, Serialize};
 
@@ -79,6 +79,14 @@ pub struct ListenerConfig {
     /// its own; when given, pages of other origins are refused.
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
+    /// Every connection starts with a PROXY protocol header (version 1 or 2) from the load
+    /// balancer or reverse proxy in front, which names the client's address.
+    #[serde(default)]
+    pub proxy_protocol: bool,
+    /// The proxies (addresses or networks, `10.0.0.0/8`) that may connect to a
+    /// `proxy_protocol` listener; any when not given.
+    #[serde(default)]
+    pub proxy_from: Option<Vec<String>>,
 }
 
 /// The `[tls]` table: TLS settings for listeners that give none of their own.
@@ -143,6 +151,8 @@ pub(crate) struct Planned {
     pub address: SocketAddr,
     pub transport: Transport,
     pub path: Option<String>,
+    /// The PROXY protocol settings of a listener behind a proxy.
+    pub proxy: Option<ProxyProtocol>,
 }
 
 /// Turns the plain `listen` addresses and the `[[listeners]]` tables into transports. TLS
@@ -160,6 +170,7 @@ pub(crate) fn plan(
             address,
             transport: Transport::Tcp,
             path: None,
+            proxy: None,
         })
         .collect();
     let mut loaded: Vec<Arc<Tls>> = Vec::new();
@@ -195,6 +206,23 @@ pub(crate) fn plan(
             mqkv_broker::transport::origin::check(entry).map_err(|e| invalid(&e))?;
         }
         let origins = Origins::new(l.allowed_origins.iter().flatten());
+        let proxy = match (l.proxy_protocol, &l.proxy_from) {
+            (false, None) => None,
+            (false, Some(_)) => {
+                return Err(invalid(
+                    "proxy_from is for listeners with proxy_protocol = true",
+                ))
+            }
+            (true, Some(from)) if from.is_empty() => {
+                return Err(invalid(
+                    "proxy_from is empty: leave it out, or list the proxies",
+                ))
+            }
+            (true, from) => Some(
+                ProxyProtocol::new(from.as_deref().unwrap_or_default())
+                    .map_err(|e| invalid(&format!("proxy_from: {e}")))?,
+            ),
+        };
         let path = match l.kind.websocket() {
             true => {
                 let path = l.path.clone().unwrap_or_else(|| DEFAULT_WS_PATH.into());
@@ -256,6 +284,7 @@ pub(crate) fn plan(
             address: l.address,
             transport,
             path,
+            proxy,
         });
     }
     Ok((planned, loaded))
@@ -277,6 +306,8 @@ mod tests {
             min_version: None,
             path: None,
             allowed_origins: None,
+            proxy_protocol: false,
+            proxy_from: None,
         }
     }
 
@@ -345,6 +376,40 @@ mod tests {
         let mut ws = listener(ListenerKind::Ws);
         ws.allowed_origins = Some(vec!["a.example".into()]);
         assert!(err(ws).contains("allowed origin \"a.example\""));
+        let mut tcp = listener(ListenerKind::Tcp);
+        tcp.proxy_from = Some(vec!["10.0.0.0/8".into()]);
+        assert!(err(tcp).contains("proxy_from is for listeners with proxy_protocol"));
+        let mut tcp = listener(ListenerKind::Tcp);
+        tcp.proxy_protocol = true;
+        tcp.proxy_from = Some(vec![]);
+        assert!(err(tcp.clone()).contains("proxy_from is empty"));
+        tcp.proxy_from = Some(vec!["lb.internal".into()]);
+        assert!(err(tcp).contains("proxy_from: \"lb.internal\" is not an address"));
+    }
+
+    #[test]
+    fn proxy_protocol_listeners_from_the_file() {
+        let c: crate::ServerConfig = toml::from_str(
+            r#"
+            [[listeners]]
+            kind = "tcp"
+            address = "0.0.0.0:1884"
+            proxy_protocol = true
+            proxy_from = ["10.0.0.0/8", "192.0.2.5"]
+
+            [[listeners]]
+            kind = "ws"
+            address = "127.0.0.1:8080"
+            proxy_protocol = true
+            "#,
+        )
+        .expect("parses");
+        let (planned, _) = plan(&[], &c.listeners, &c.tls).expect("plans");
+        let from = |i: usize| planned[i].proxy.as_ref().map(|p| p.from.len());
+        assert_eq!(from(0), Some(2));
+        assert_eq!(from(1), Some(0), "any proxy");
+        let plain = plan(&["127.0.0.1:1883".parse().expect("addr")], &[], &c.tls).expect("plans");
+        assert!(plain.0[0].proxy.is_none());
     }
 
     #[test]

@@ -90,6 +90,8 @@ async fn start(dir: &Path, require_client_cert: bool) -> (Server, SocketAddr) {
             min_version: None,
             path: None,
             allowed_origins: None,
+            proxy_protocol: false,
+            proxy_from: None,
         }],
         workers: Some(2),
         ..ServerConfig::default()

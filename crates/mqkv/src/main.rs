@@ -314,6 +314,8 @@ impl ServeArgs {
                     min_version: None,
                     path: path.clone(),
                     allowed_origins: origins.clone(),
+                    proxy_protocol: false,
+                    proxy_from: None,
                 }));
         }
         if let Some(v) = self.tls_cert {

@@ -18,7 +18,7 @@ use crate::placement::CachedWaker;
 use crate::session::{Link, Message};
 use crate::subtree::ClientId;
 use crate::topic;
-use crate::transport::{self, ReadHalf, Transport, WriteHalf};
+use crate::transport::{self, ProxyProtocol, ReadHalf, Transport, WriteHalf};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -26,13 +26,32 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves a connection accepted on a listener of `transport`, from its handshakes to its end.
+/// Behind a proxy (`proxy`), `peer` and `local` are the proxy's connection until its header
+/// says where the client is.
 pub(crate) async fn run(
     inner: Arc<Inner>,
-    tcp: tokio::net::TcpStream,
+    mut tcp: tokio::net::TcpStream,
     peer: SocketAddr,
     local: SocketAddr,
     transport: Arc<Transport>,
+    proxy: Option<Arc<ProxyProtocol>>,
 ) {
+    let (peer, local) = match proxy {
+        None => (peer, local),
+        Some(proxy) => {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, proxy.read(&mut tcp, peer)).await {
+                Ok(Ok(client)) => client.unwrap_or((peer, local)),
+                Ok(Err(e)) => {
+                    tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused: PROXY protocol");
+                    return;
+                }
+                Err(_) => {
+                    tracing::info!(%peer, kind = transport.kind(), "PROXY protocol header not received in time");
+                    return;
+                }
+            }
+        }
+    };
     let (live, over_limit) = LiveGuard::new(inner.clone(), peer.ip(), transport.kind());
     tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
     let max_in = inner.config.max_packet_size as usize;

@@ -8,6 +8,7 @@
 
 mod io;
 pub mod origin;
+pub mod proxy;
 mod quickack;
 mod socket;
 pub mod tls;
@@ -28,6 +29,7 @@ use tokio_tungstenite::WebSocketStream;
 
 pub use io::Io;
 pub use origin::Origins;
+pub use proxy::ProxyProtocol;
 pub(crate) use quickack::only_acknowledgements;
 pub use socket::Socket;
 pub use tls::{PeerCertificate, Tls, TlsError, TlsFiles, TlsVersion};
