@@ -24,6 +24,10 @@ const V1_MAX: usize = 107;
 /// (a TLS summary, a unique id, a cloud load balancer's endpoint id) fit well within it.
 const V2_MAX: usize = 16 + 2048;
 
+/// What a header says: the client's address and the address it connected to, or `None` when
+/// it names none and the connection's own addresses stand.
+pub type ClientAddresses = Option<(SocketAddr, SocketAddr)>;
+
 /// A listener's PROXY protocol settings: every connection starts with a header, and only these
 /// sources may send one (any, when empty).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,7 +66,7 @@ impl ProxyProtocol {
         &self,
         r: &mut R,
         peer: SocketAddr,
-    ) -> Result<Option<(SocketAddr, SocketAddr)>, ProxyError> {
+    ) -> Result<ClientAddresses, ProxyError> {
         if !self.trusts(peer.ip()) {
             return Err(ProxyError::Untrusted);
         }
@@ -94,9 +98,7 @@ pub enum ProxyError {
 }
 
 /// Reads one header (version 1 or 2) from the start of `r`; see [`ProxyProtocol::read`].
-pub async fn read_header<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> Result<Option<(SocketAddr, SocketAddr)>, ProxyError> {
+pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<ClientAddresses, ProxyError> {
     // Twelve bytes are in every header: a version 1 header has at least fifteen.
     let mut head = vec![0u8; 12];
     r.read_exact(&mut head).await?;
@@ -125,7 +127,7 @@ pub async fn read_header<R: AsyncRead + Unpin>(
 }
 
 /// The addresses of one complete header (as [`read_header`] frames it).
-pub fn parse(header: &[u8]) -> Result<Option<(SocketAddr, SocketAddr)>, ProxyError> {
+pub fn parse(header: &[u8]) -> Result<ClientAddresses, ProxyError> {
     let malformed = |e: &dyn std::fmt::Display| ProxyError::Malformed(e.to_string());
     if header.starts_with(&V2_SIGNATURE) {
         use ppp::v2::{Addresses, Command, Header, Protocol};
@@ -173,12 +175,7 @@ mod tests {
     }
 
     /// Reads a header from `bytes`; returns the addresses and what is left unread.
-    fn read(
-        bytes: &[u8],
-    ) -> (
-        Result<Option<(SocketAddr, SocketAddr)>, ProxyError>,
-        Vec<u8>,
-    ) {
+    fn read(bytes: &[u8]) -> (Result<ClientAddresses, ProxyError>, Vec<u8>) {
         let mut r = bytes;
         let result = run(read_header(&mut r));
         (result, r.to_vec())
