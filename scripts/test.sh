@@ -10,8 +10,8 @@ if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
 # Debian packages: the mosquitto command-line clients are real peers in the interop tests;
 # Mosquitto and Redis are the benchmark's side-by-side anchors, and etcd its cluster anchor
 # (its smoke tests run them); openssl makes the TLS certificates of the SDK interop tests;
-# Chromium and its driver run the dashboard's browser tests; HAProxy stands in front of
-# listeners that take the PROXY protocol.
+# Chromium and its driver run the dashboard's browser tests; HAProxy and nginx stand in front
+# of listeners behind a proxy.
 missing=()
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 command -v mosquitto_rr >/dev/null 2>&1 || missing+=(mosquitto-clients)
@@ -20,6 +20,7 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 if [ "${#missing[@]}" -gt 0 ]; then
   $sudo_cmd apt-get update -qq

@@ -314,12 +314,13 @@ class Paho:
         listener: str = "tcp",
         tls: dict | None = None,
         ws_path: str = "/mqtt",
+        ws_headers: dict | None = None,
         port: int | None = None,
     ):
         """`listener` picks the server's listener by kind ("tcp", "tls", "ws", "wss");
         `tls` holds paho's `tls_set` arguments (ca_certs, certfile, keyfile) for the TLS
-        ones. `port` connects elsewhere (a proxy in front of that listener) with the
-        listener's transport."""
+        ones; `ws_headers`, extra headers of the WebSocket upgrade. `port` connects elsewhere
+        (a proxy in front of that listener) with the listener's transport."""
         self.server = server
         self.version = version
         kw = {}
@@ -335,7 +336,7 @@ class Paho:
             **kw,
         )
         if listener in ("ws", "wss"):
-            self.client.ws_set_options(path=ws_path)
+            self.client.ws_set_options(path=ws_path, headers=ws_headers)
         if listener in ("tls", "wss"):
             self.client.tls_set(**(tls or {}))
         if max_inflight is not None:

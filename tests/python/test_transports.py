@@ -188,8 +188,10 @@ def test_a_plain_listener_beyond_loopback_is_warned_about(mqkv):
 class RawWs:
     """A WebSocket client written out by hand, to send frames real clients would not."""
 
-    def __init__(self, port, *, path="/mqtt", protocol="mqtt", extra_headers=""):
-        self.sock = socket.create_connection((HOST, port), timeout=5)
+    def __init__(self, port, *, path="/mqtt", protocol="mqtt", extra_headers="", source=None):
+        """`source`: the local address to connect from (127.0.0.5, say)."""
+        self.sock = socket.create_connection(
+            (HOST, port), timeout=5, source_address=(source, 0) if source else None)
         key = base64.b64encode(os.urandom(16)).decode()
         request = (
             f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nUpgrade: websocket\r\n"

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mqkv_broker::transport::{Origins, ProxyProtocol, TlsVersion};
+use mqkv_broker::transport::{Forwarded, Origins, ProxyProtocol, TlsVersion};
 use mqkv_broker::{Tls, TlsFiles, Transport};
 use serde::{Deserialize, Serialize};
 
@@ -83,8 +83,12 @@ pub struct ListenerConfig {
     /// balancer or reverse proxy in front, which names the client's address.
     #[serde(default)]
     pub proxy_protocol: bool,
+    /// A `ws` or `wss` listener behind an HTTP reverse proxy: the client's address comes
+    /// from the `Forwarded` or `X-Forwarded-For` headers the proxy adds to the upgrade.
+    #[serde(default)]
+    pub forwarded_headers: bool,
     /// The proxies (addresses or networks, `10.0.0.0/8`) that may connect to a
-    /// `proxy_protocol` listener; any when not given.
+    /// `proxy_protocol` or `forwarded_headers` listener; any when not given.
     #[serde(default)]
     pub proxy_from: Option<Vec<String>>,
 }
@@ -206,22 +210,37 @@ pub(crate) fn plan(
             mqkv_broker::transport::origin::check(entry).map_err(|e| invalid(&e))?;
         }
         let origins = Origins::new(l.allowed_origins.iter().flatten());
-        let proxy = match (l.proxy_protocol, &l.proxy_from) {
-            (false, None) => None,
-            (false, Some(_)) => {
+        if l.forwarded_headers && !l.kind.websocket() {
+            return Err(invalid("forwarded_headers is for ws and wss listeners"));
+        }
+        if l.forwarded_headers && l.proxy_protocol {
+            return Err(invalid(
+                "give proxy_protocol or forwarded_headers, not both",
+            ));
+        }
+        let behind_proxy = l.proxy_protocol || l.forwarded_headers;
+        let from = match &l.proxy_from {
+            None => Vec::new(),
+            Some(_) if !behind_proxy => {
                 return Err(invalid(
-                    "proxy_from is for listeners with proxy_protocol = true",
+                    "proxy_from is for listeners with proxy_protocol or forwarded_headers",
                 ))
             }
-            (true, Some(from)) if from.is_empty() => {
+            Some(from) if from.is_empty() => {
                 return Err(invalid(
                     "proxy_from is empty: leave it out, or list the proxies",
                 ))
             }
-            (true, from) => Some(
-                ProxyProtocol::new(from.as_deref().unwrap_or_default())
-                    .map_err(|e| invalid(&format!("proxy_from: {e}")))?,
-            ),
+            Some(from) => from.clone(),
+        };
+        let proxy_from = |e: String| invalid(&format!("proxy_from: {e}"));
+        let proxy = match l.proxy_protocol {
+            true => Some(ProxyProtocol::new(&from).map_err(proxy_from)?),
+            false => None,
+        };
+        let forwarded = match l.forwarded_headers {
+            true => Some(Forwarded::new(&from).map_err(proxy_from)?),
+            false => None,
         };
         let path = match l.kind.websocket() {
             true => {
@@ -275,8 +294,17 @@ pub(crate) fn plan(
         let transport = match (l.kind, tls, path.clone()) {
             (ListenerKind::Tcp, _, _) => Transport::Tcp,
             (ListenerKind::Tls, Some(tls), _) => Transport::Tls(tls),
-            (ListenerKind::Ws, _, Some(path)) => Transport::Ws { path, origins },
-            (ListenerKind::Wss, Some(tls), Some(path)) => Transport::Wss { tls, path, origins },
+            (ListenerKind::Ws, _, Some(path)) => Transport::Ws {
+                path,
+                origins,
+                forwarded,
+            },
+            (ListenerKind::Wss, Some(tls), Some(path)) => Transport::Wss {
+                tls,
+                path,
+                origins,
+                forwarded,
+            },
             _ => return Err(invalid("incomplete settings")),
         };
         planned.push(Planned {
@@ -307,6 +335,7 @@ mod tests {
             path: None,
             allowed_origins: None,
             proxy_protocol: false,
+            forwarded_headers: false,
             proxy_from: None,
         }
     }
@@ -379,6 +408,13 @@ mod tests {
         let mut tcp = listener(ListenerKind::Tcp);
         tcp.proxy_from = Some(vec!["10.0.0.0/8".into()]);
         assert!(err(tcp).contains("proxy_from is for listeners with proxy_protocol"));
+        let mut tcp = listener(ListenerKind::Tcp);
+        tcp.forwarded_headers = true;
+        assert!(err(tcp).contains("forwarded_headers is for ws and wss"));
+        let mut ws = listener(ListenerKind::Ws);
+        ws.forwarded_headers = true;
+        ws.proxy_protocol = true;
+        assert!(err(ws).contains("not both"));
         let mut tcp = listener(ListenerKind::Tcp);
         tcp.proxy_protocol = true;
         tcp.proxy_from = Some(vec![]);

@@ -315,6 +315,7 @@ impl ServeArgs {
                     path: path.clone(),
                     allowed_origins: origins.clone(),
                     proxy_protocol: false,
+                    forwarded_headers: false,
                     proxy_from: None,
                 }));
         }

@@ -52,20 +52,21 @@ pub(crate) async fn run(
             }
         }
     };
-    let (live, over_limit) = LiveGuard::new(inner.clone(), peer.ip(), transport.kind());
+    let (mut live, mut over_limit) = LiveGuard::new(inner.clone(), peer.ip(), transport.kind());
     tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
     let max_in = inner.config.max_packet_size as usize;
     // A WebSocket message may carry a whole packet and the start of the next.
     let max_message = max_in.saturating_add(MAX_MESSAGE_SLACK);
     let accepted = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
-        transport::accept(tcp, &transport, max_message),
+        transport::accept(tcp, peer, &transport, max_message),
     )
     .await;
     let transport::Accepted {
         stream,
         certificate,
         foreign_page,
+        forwarded_client,
     } = match accepted {
         Ok(Ok(accepted)) => accepted,
         Ok(Err(e)) => {
@@ -75,6 +76,20 @@ pub(crate) async fn run(
         Err(_) => {
             tracing::info!(%peer, kind = transport.kind(), "handshake not finished in time");
             return;
+        }
+    };
+    // Behind an HTTP proxy the client is where its forwarding headers say. The address it
+    // connected to is not known: it counts as local only from a loopback address itself.
+    let (peer, local) = match forwarded_client {
+        None => (peer, local),
+        Some(client) => {
+            tracing::debug!(proxy = %peer, %client, "client behind a WebSocket proxy");
+            over_limit = live.move_to(client.ip());
+            let local = match client.ip().is_loopback() {
+                true => local,
+                false => SocketAddr::new(unspecified(local.ip()), local.port()),
+            };
+            (client, local)
         }
     };
     let (mut rd, mut wr) = stream.split();
@@ -480,5 +495,13 @@ const MAX_MESSAGE_SLACK: usize = 64 * 1024;
 pub(super) async fn send_and_close(wr: &mut WriteHalf, mut out: BytesMut) {
     if wr.write_all(&mut out).await.is_ok() {
         wr.shutdown().await;
+    }
+}
+
+/// The unspecified address of `ip`'s family.
+fn unspecified(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
     }
 }

@@ -96,6 +96,27 @@ impl LiveGuard {
     }
 }
 
+impl LiveGuard {
+    /// Counts the connection against `ip` instead (the client behind a proxy); returns
+    /// whether that address is over its limit with it.
+    pub(super) fn move_to(&mut self, ip: std::net::IpAddr) -> bool {
+        let Some(old) = self.counted else {
+            return false;
+        };
+        let mut per_address = self.inner.per_address.lock();
+        if let Some(n) = per_address.get_mut(&old) {
+            *n -= 1;
+            if *n == 0 {
+                per_address.remove(&old);
+            }
+        }
+        let n = per_address.entry(ip).or_insert(0);
+        *n += 1;
+        self.counted = Some(ip);
+        *n > self.inner.config.max_connections_per_address
+    }
+}
+
 impl Drop for LiveGuard {
     fn drop(&mut self) {
         if let Some(ip) = self.counted {

@@ -6,6 +6,7 @@
 //! behind them: packets split across WebSocket frames, or several in one frame, reach it as one
 //! stream of bytes.
 
+pub mod forwarded;
 mod io;
 pub mod origin;
 pub mod proxy;
@@ -27,6 +28,7 @@ use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
+pub use forwarded::Forwarded;
 pub use io::Io;
 pub use origin::Origins;
 pub use proxy::ProxyProtocol;
@@ -42,13 +44,19 @@ pub enum Transport {
     /// MQTT over TLS.
     Tls(Arc<Tls>),
     /// MQTT over WebSocket, upgraded from an HTTP request for `path`, trusting web pages of
-    /// `origins` as well as its own.
-    Ws { path: String, origins: Origins },
+    /// `origins` as well as its own, and the forwarding headers of the proxies `forwarded`
+    /// names.
+    Ws {
+        path: String,
+        origins: Origins,
+        forwarded: Option<Forwarded>,
+    },
     /// MQTT over WebSocket over TLS.
     Wss {
         tls: Arc<Tls>,
         path: String,
         origins: Origins,
+        forwarded: Option<Forwarded>,
     },
 }
 
@@ -93,39 +101,69 @@ pub(crate) struct Accepted {
     /// The origin of the web page a WebSocket client runs in, where the listener neither
     /// serves nor lists it: such a client is not local, wherever its browser runs.
     pub foreign_page: Option<String>,
+    /// The client behind a WebSocket proxy, as its forwarding headers name it.
+    pub forwarded_client: Option<SocketAddr>,
 }
 
-/// Runs the handshakes `transport` needs on an accepted socket: TLS, then the WebSocket
-/// upgrade. `max_message` bounds a WebSocket message (and frame).
+/// Runs the handshakes `transport` needs on a socket accepted from `peer`: TLS, then the
+/// WebSocket upgrade. `max_message` bounds a WebSocket message (and frame).
 pub(crate) async fn accept(
     tcp: TcpStream,
+    peer: SocketAddr,
     transport: &Transport,
     max_message: usize,
 ) -> Result<Accepted, AcceptError> {
-    let (stream, certificate, foreign_page) = match transport {
-        Transport::Tcp => (Stream::Tcp(tcp), None, None),
+    let plain = |stream, certificate| Accepted {
+        stream,
+        certificate,
+        foreign_page: None,
+        forwarded_client: None,
+    };
+    let upgraded = |u: ws::Upgraded, certificate| Accepted {
+        stream: Stream::Ws(Box::new(u.ws)),
+        certificate,
+        foreign_page: u.foreign_page,
+        forwarded_client: u.client,
+    };
+    Ok(match transport {
+        Transport::Tcp => plain(Stream::Tcp(tcp), None),
         Transport::Tls(tls) => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
-            (Stream::Tls(Box::new(stream)), cert, None)
+            plain(Stream::Tls(Box::new(stream)), cert)
         }
-        Transport::Ws { path, origins } => {
-            let io = Io::Tcp(tcp);
-            let (ws, foreign) = ws::upgrade(io, path, origins, false, max_message).await?;
-            (Stream::Ws(Box::new(ws)), None, foreign)
+        Transport::Ws {
+            path,
+            origins,
+            forwarded,
+        } => {
+            let endpoint = ws::Endpoint {
+                path,
+                origins,
+                forwarded: forwarded.as_ref(),
+                secure: false,
+            };
+            let u = ws::upgrade(Io::Tcp(tcp), &endpoint, peer, max_message).await?;
+            upgraded(u, None)
         }
-        Transport::Wss { tls, path, origins } => {
+        Transport::Wss {
+            tls,
+            path,
+            origins,
+            forwarded,
+        } => {
             let stream = tls.accept(tcp).await.map_err(AcceptError::Tls)?;
             let cert = tls::peer_certificate(stream.get_ref().1);
+            let endpoint = ws::Endpoint {
+                path,
+                origins,
+                forwarded: forwarded.as_ref(),
+                secure: true,
+            };
             let io = Io::Tls(Box::new(stream));
-            let (ws, foreign) = ws::upgrade(io, path, origins, true, max_message).await?;
-            (Stream::Ws(Box::new(ws)), cert, foreign)
+            let u = ws::upgrade(io, &endpoint, peer, max_message).await?;
+            upgraded(u, cert)
         }
-    };
-    Ok(Accepted {
-        stream,
-        certificate,
-        foreign_page,
     })
 }
 

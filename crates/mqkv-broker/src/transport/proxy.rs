@@ -38,18 +38,9 @@ pub struct ProxyProtocol {
 impl ProxyProtocol {
     /// Settings for proxies at `from`: addresses (`10.0.0.5`) or networks (`10.0.0.0/8`).
     pub fn new<S: AsRef<str>>(from: &[S]) -> Result<ProxyProtocol, String> {
-        let from = from
-            .iter()
-            .map(|s| {
-                let s = s.as_ref().trim();
-                s.parse::<IpNet>()
-                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| {
-                        format!("{s:?} is not an address or network (10.0.0.5, 10.0.0.0/8)")
-                    })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(ProxyProtocol { from })
+        Ok(ProxyProtocol {
+            from: networks(from)?,
+        })
     }
 
     /// Whether a connection from `ip` may send a header.
@@ -74,8 +65,20 @@ impl ProxyProtocol {
     }
 }
 
+/// Addresses (`10.0.0.5`) and networks (`10.0.0.0/8`), as given in `proxy_from`.
+pub(crate) fn networks<S: AsRef<str>>(from: &[S]) -> Result<Vec<IpNet>, String> {
+    from.iter()
+        .map(|s| {
+            let s = s.as_ref().trim();
+            s.parse::<IpNet>()
+                .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| format!("{s:?} is not an address or network (10.0.0.5, 10.0.0.0/8)"))
+        })
+        .collect()
+}
+
 /// An IPv4 address mapped into IPv6 as plain IPv4, so that `10.0.0.0/8` covers it.
-fn canonical(ip: IpAddr) -> IpAddr {
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,

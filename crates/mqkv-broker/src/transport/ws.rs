@@ -13,8 +13,10 @@ use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
 
+use std::net::SocketAddr;
+
 use super::origin::{self, Origins, Page};
-use super::Io;
+use super::{Forwarded, Io};
 
 /// Longest HTTP request head taken.
 const MAX_HEAD: usize = 8 * 1024;
@@ -42,14 +44,27 @@ pub enum UpgradeError {
     ForeignPage(String),
 }
 
-/// A request head that asks for the upgrade: the key to answer, the subprotocol chosen, and
-/// where a browser says the page comes from (`Origin`) and sent the request to (`Host`).
+/// A request head that asks for the upgrade: the key to answer, the subprotocol chosen,
+/// where a browser says the page comes from (`Origin`) and sent the request to (`Host`), and
+/// what proxies say of the client (`Forwarded`, `X-Forwarded-For`: each header's value).
 #[derive(Debug, PartialEq, Eq)]
 pub struct Upgrade {
     pub key: String,
     pub protocol: Option<&'static str>,
     pub origin: Option<String>,
     pub host: Option<String>,
+    pub forwarded: Vec<String>,
+    pub x_forwarded_for: Vec<String>,
+}
+
+/// A WebSocket connection once upgraded.
+pub(crate) struct Upgraded {
+    pub ws: WebSocketStream<Io>,
+    /// The origin of a web page the listener lets connect without trusting it (see
+    /// [`Page::Foreign`]).
+    pub foreign_page: Option<String>,
+    /// The client behind the proxy, on a listener that takes forwarding headers.
+    pub client: Option<SocketAddr>,
 }
 
 impl UpgradeError {
@@ -146,25 +161,48 @@ fn check(req: &httparse::Request<'_, '_>, path: &str) -> Result<Upgrade, Upgrade
     };
     let origin = raw("origin")?;
     let host = raw("host")?;
+    let all = |name: &str| -> Vec<String> {
+        req.headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).into_owned())
+            .collect()
+    };
     Ok(Upgrade {
         key,
         protocol,
         origin,
         host,
+        forwarded: all("forwarded"),
+        x_forwarded_for: all("x-forwarded-for"),
     })
 }
 
-/// Answers the WebSocket upgrade of an HTTP request for `path` on `io`, or refuses it with an
-/// HTTP error; a web page of an origin the listener neither lists nor serves is refused where
-/// it lists some. Returns the stream, and the origin of a web page the listener lets connect
-/// without trusting it (see [`Page::Foreign`]).
+/// How a WebSocket listener takes upgrades: the path, the web pages it trusts, and the proxies
+/// whose forwarding headers name the client.
+pub(crate) struct Endpoint<'a> {
+    pub path: &'a str,
+    pub origins: &'a Origins,
+    pub forwarded: Option<&'a Forwarded>,
+    pub secure: bool,
+}
+
+/// Answers the WebSocket upgrade of an HTTP request for the endpoint's path on `io`, from
+/// `peer`, or refuses it with an HTTP error: a web page of an origin the listener neither
+/// lists nor serves where it lists some, and a request whose forwarding headers do not name a
+/// client where the listener takes them.
 pub(crate) async fn upgrade(
     mut io: Io,
-    path: &str,
-    origins: &Origins,
-    secure: bool,
+    endpoint: &Endpoint<'_>,
+    peer: SocketAddr,
     max_message: usize,
-) -> Result<(WebSocketStream<Io>, Option<String>), UpgradeError> {
+) -> Result<Upgraded, UpgradeError> {
+    let Endpoint {
+        path,
+        origins,
+        forwarded,
+        secure,
+    } = *endpoint;
     let mut buf = BytesMut::with_capacity(1024);
     let (head_len, upgrade) = loop {
         match parse_request(&buf, path) {
@@ -182,11 +220,20 @@ pub(crate) async fn upgrade(
         }
     };
     let origin = upgrade.origin.as_deref();
-    let foreign = match origin::judge(origin, upgrade.host.as_deref(), secure, origins) {
-        Page::None | Page::Trusted => None,
-        Page::Foreign(origin) => Some(origin),
-        Page::Refused => {
-            let e = UpgradeError::ForeignPage(origin.unwrap_or_default().to_owned());
+    let judged = match origin::judge(origin, upgrade.host.as_deref(), secure, origins) {
+        Page::None | Page::Trusted => Ok(None),
+        Page::Foreign(origin) => Ok(Some(origin)),
+        Page::Refused => Err(UpgradeError::ForeignPage(
+            origin.unwrap_or_default().to_owned(),
+        )),
+    };
+    let client = forwarded.map(|f| {
+        f.client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for)
+            .map_err(|reason| refused(400, reason))
+    });
+    let (foreign_page, client) = match (judged, client.transpose()) {
+        (Ok(foreign), Ok(client)) => (foreign, client),
+        (Err(e), _) | (_, Err(e)) => {
             if let Some((status, reason)) = e.status() {
                 respond_error(&mut io, status, reason).await;
             }
@@ -207,7 +254,11 @@ pub(crate) async fn upgrade(
     let rest = buf.split_off(head_len).to_vec();
     let config = config(max_message);
     let ws = WebSocketStream::from_partially_read(io, rest, Role::Server, Some(config)).await;
-    Ok((ws, foreign))
+    Ok(Upgraded {
+        ws,
+        foreign_page,
+        client,
+    })
 }
 
 /// How the library frames a connection whose MQTT packets may be `max_message` bytes long: no
@@ -310,6 +361,19 @@ mod tests {
         assert_eq!(parse(&none, "/mqtt").expect("ok").protocol, None);
         let query = GOOD.replace("GET /mqtt ", "GET /mqtt?x=1 ");
         assert!(parse(&query, "/mqtt").is_ok());
+    }
+
+    #[test]
+    fn forwarding_headers_are_kept_in_order_however_many() {
+        let head = GOOD.replace(
+            "Host: x\r\n",
+            "Host: x\r\nX-Forwarded-For: 198.51.100.1, 10.0.0.3\r\nx-forwarded-for: 10.0.0.4\r\nForwarded: for=192.0.2.60\r\n",
+        );
+        let u = parse(&head, "/mqtt").expect("accepted");
+        assert_eq!(u.x_forwarded_for, ["198.51.100.1, 10.0.0.3", "10.0.0.4"]);
+        assert_eq!(u.forwarded, ["for=192.0.2.60"]);
+        let u = parse(GOOD, "/mqtt").expect("accepted");
+        assert!(u.x_forwarded_for.is_empty() && u.forwarded.is_empty());
     }
 
     #[test]

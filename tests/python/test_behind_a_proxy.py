@@ -1,5 +1,6 @@
-"""Listeners behind a load balancer: HAProxy in front, sending the PROXY protocol (version 1
-and 2) ahead of plain MQTT, TLS and WebSocket; the client's address taken from the header for
+"""Listeners behind a load balancer or reverse proxy. HAProxy in front, sending the PROXY
+protocol (version 1 and 2) ahead of plain MQTT, TLS and WebSocket; nginx in front of a
+WebSocket listener, adding X-Forwarded-For. The client's address taken from the header for
 logs, per-address limits and the loopback-only rule for anonymous clients; headers refused
 from proxies that are not listed, and connections without one."""
 
@@ -231,3 +232,161 @@ def test_proxy_settings_are_checked_at_start(mqkv, tmp_path):
     server = proxied(mqkv, 'kind = "tcp"\naddress = "0.0.0.0:0"\nproxy_protocol = true\n')
     assert re.search(r"WARN.*PROXY protocol listener that takes headers from anyone",
                      server.stderr_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# WebSocket behind an HTTP reverse proxy: X-Forwarded-For and Forwarded
+# ---------------------------------------------------------------------------------------------
+
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+needs_nginx = pytest.mark.skipif(
+    not shutil.which("nginx") and not shutil.which("/usr/sbin/nginx"),
+    reason="nginx not installed (apt-get install nginx)",
+)
+# The address nginx connects to mqkv from, and that the listeners below trust.
+PROXY_ADDR = "127.0.0.5"
+
+
+class Nginx:
+    """nginx forwarding WebSocket upgrades on `front` to the listener on `back`, from
+    PROXY_ADDR, adding the client's address to X-Forwarded-For as its documentation shows."""
+
+    def __init__(self, tmp_path, front: int, back: int):
+        d = tmp_path / "nginx"
+        d.mkdir()
+        temp = " ".join(f"{k}_temp_path {d / k};" for k in
+                        ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+        (d / "nginx.conf").write_text(f"""
+daemon off;
+pid {d / "nginx.pid"};
+error_log {d / "error.log"} info;
+events {{ worker_connections 64; }}
+http {{
+  access_log off;
+  {temp}
+  server {{
+    listen {HOST}:{front};
+    location /mqtt {{
+      proxy_pass http://{HOST}:{back};
+      proxy_bind {PROXY_ADDR};
+      proxy_http_version 1.1;
+      proxy_set_header Upgrade $http_upgrade;
+      proxy_set_header Connection "upgrade";
+      proxy_set_header Host $http_host;
+      proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+      proxy_read_timeout 300s;
+    }}
+  }}
+}}
+""")
+        self.log = open(d / "stdout.log", "wb")
+        self.proc = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"),
+                                      "-e", str(d / "error.log")],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(lambda: HAProxy._accepts(front), what="nginx")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def nginx(tmp_path):
+    started = []
+
+    def start(front, back):
+        n = Nginx(tmp_path, front, back)
+        started.append(n)
+        return n
+
+    yield start
+    for n in started:
+        n.stop()
+
+
+def forwarding(mqkv, proxy_from: str, extra: str = ""):
+    return proxied(mqkv, f'kind = "ws"\naddress = "{HOST}:0"\nforwarded_headers = true\n'
+                         f'proxy_from = [{proxy_from}]\n', extra=extra)
+
+
+@needs_nginx
+def test_websocket_clients_behind_nginx_are_seen_where_they_are(mqkv, nginx):
+    server = forwarding(mqkv, f'"{PROXY_ADDR}"')
+    front = free_port()
+    nginx(front, behind(server, "ws")[0])
+    # What a client writes in X-Forwarded-For itself is not taken: nginx appends the address
+    # it took the request from, the last one nginx's address does not vouch for.
+    spoofed = {"X-Forwarded-For": "203.0.113.7"}
+    sub = Paho(server, "sub", listener="ws", port=front)
+    assert sub.subscribe("behind/#", 1) == [1]
+    pub = Paho(server, "pub", listener="ws", port=front, ws_headers=spoofed)
+    pub.publish("behind/nginx", b"through nginx", qos=1)
+    assert sub.get(5).payload == b"through nginx"
+    lines = [line for line in server.stderr_text().splitlines()
+             if "client behind a WebSocket proxy" in line]
+    assert len(lines) == 2, lines
+    for line in lines:
+        assert f"proxy={PROXY_ADDR}:" in line and "client=127.0.0.1:0" in line, line
+    assert_healthy(server)
+
+
+@needs_nginx
+def test_a_chain_of_trusted_proxies_is_walked_back_to_the_client(mqkv, nginx, tmp_path):
+    """Trusting every loopback address as a proxy, the client nginx saw (127.0.0.1) is a proxy
+    too, so the address it forwarded (203.0.113.7) is the client: not local, so anonymous
+    clients are refused, and one that logs in is in."""
+    from test_connect import password_file
+
+    users = password_file(tmp_path, {"alice": "s3cret"})
+    server = forwarding(mqkv, '"127.0.0.0/8"', extra=f'password_file = "{users}"\n')
+    front = free_port()
+    nginx(front, behind(server, "ws")[0])
+    behind_cdn = {"X-Forwarded-For": "203.0.113.7"}
+    refused = Paho(server, "anonymous", listener="ws", port=front, ws_headers=behind_cdn,
+                   expect_rc=NOT_AUTHORIZED)
+    alice = Paho(server, "alice", listener="ws", port=front, ws_headers=behind_cdn,
+                 username="alice", password="s3cret")
+    alice.disconnect()
+    assert "client=203.0.113.7:0" in server.stderr_text()
+    # Without the header, the client is the one nginx saw, on loopback: local.
+    Paho(server, "local", listener="ws", port=front).disconnect()
+    refused.close()
+
+
+def upgrade_from_proxy(server, headers: str, source: str = PROXY_ADDR):
+    from test_transports import RawWs
+
+    return RawWs(behind(server, "ws")[0], extra_headers=headers, source=source)
+
+
+def test_forwarded_addresses_count_against_the_per_address_limit(mqkv):
+    from test_transports import connect_packet
+
+    server = forwarding(mqkv, f'"{PROXY_ADDR}"',
+                        extra="[broker]\nmax_connections_per_address = 1\nallow_anonymous = true\n")
+    first = upgrade_from_proxy(server, "X-Forwarded-For: 198.51.100.1\r\n")
+    second = upgrade_from_proxy(server, 'Forwarded: for="198.51.100.2:4711"\r\n')
+    again = upgrade_from_proxy(server, "X-Forwarded-For: 198.51.100.1:9\r\n")
+    codes = []
+    for i, ws in enumerate((first, second, again)):
+        assert ws.status() == 101
+        ws.send_frame(connect_packet(f"c{i}"))
+        codes.append(ws.recv_mqtt()[3])
+    assert codes == [0, 0, QUOTA_EXCEEDED]
+    assert "client=198.51.100.2:4711" in server.stderr_text()
+
+
+@pytest.mark.parametrize("headers, source, status", [
+    ("X-Forwarded-For: 198.51.100.1\r\n", HOST, 400),  # not from the listed proxy
+    ("", PROXY_ADDR, 400),  # no header
+    ("X-Forwarded-For: unknown\r\n", PROXY_ADDR, 400),
+    ("Forwarded: for=_hidden\r\n", PROXY_ADDR, 400),
+])
+def test_upgrades_that_do_not_name_a_client_are_refused(mqkv, headers, source, status):
+    server = forwarding(mqkv, f'"{PROXY_ADDR}"')
+    ws = upgrade_from_proxy(server, headers, source=source)
+    assert ws.status() == status
+    ws.close()
+    wait_for(lambda: "connection refused" in server.stderr_text(), what="the log line")
+    assert_healthy(server)
