@@ -229,8 +229,11 @@ def test_proxy_settings_are_checked_at_start(mqkv, tmp_path):
         assert res.returncode != 0
         assert message in res.stderr.decode(), res.stderr
     # One that takes headers from anyone on a public address is warned about.
-    server = proxied(mqkv, 'kind = "tcp"\naddress = "0.0.0.0:0"\nproxy_protocol = true\n')
+    server = proxied(mqkv, 'kind = "tcp"\naddress = "0.0.0.0:0"\nproxy_protocol = true\n',
+                     'kind = "ws"\naddress = "0.0.0.0:0"\nforwarded_headers = true\n')
     assert re.search(r"WARN.*PROXY protocol listener that takes headers from anyone",
+                     server.stderr_text())
+    assert re.search(r"WARN.*takes X-Forwarded-For and Forwarded from anyone",
                      server.stderr_text())
 
 

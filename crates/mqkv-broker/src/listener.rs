@@ -21,8 +21,13 @@ pub(crate) async fn listen(
     proxy: Option<Arc<ProxyProtocol>>,
 ) -> std::io::Result<SocketAddr> {
     crate::transport::warn_if_exposed(addr, &transport);
-    if proxy.as_ref().is_some_and(|p| p.from.is_empty()) && !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "PROXY protocol listener that takes headers from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
+    if !addr.ip().is_loopback() {
+        if proxy.as_ref().is_some_and(|p| p.from.is_empty()) {
+            tracing::warn!(%addr, "PROXY protocol listener that takes headers from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
+        }
+        if transport.forwarded().is_some_and(|f| f.from.is_empty()) {
+            tracing::warn!(%addr, "listener that takes X-Forwarded-For and Forwarded from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
+        }
     }
     let transport = Arc::new(transport);
     let listener = TcpListener::bind(addr).await?;

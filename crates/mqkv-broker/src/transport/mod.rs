@@ -75,6 +75,16 @@ impl Transport {
     pub fn is_secure(&self) -> bool {
         matches!(self, Transport::Tls(_) | Transport::Wss { .. })
     }
+
+    /// The proxies whose forwarding headers a WebSocket listener takes, if it takes any.
+    pub fn forwarded(&self) -> Option<&Forwarded> {
+        match self {
+            Transport::Ws { forwarded, .. } | Transport::Wss { forwarded, .. } => {
+                forwarded.as_ref()
+            }
+            _ => None,
+        }
+    }
 }
 
 /// Why a transport handshake failed.
