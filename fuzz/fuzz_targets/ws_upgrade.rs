@@ -1,10 +1,12 @@
 //! The WebSocket upgrade request parser: any bytes, whole or arriving in pieces, give the same
-//! answer, and an accepted head is within what was received.
+//! answer, and an accepted head is within what was received. The forwarding headers of an
+//! accepted head name a client, or are refused, without a panic.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use mqkv_broker::transport::ws::{parse_request, UpgradeError};
+use mqkv_broker::transport::Forwarded;
 
 fn summary(
     r: &Result<Option<(usize, mqkv_broker::transport::ws::Upgrade)>, UpgradeError>,
@@ -20,6 +22,10 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(Some((n, upgrade))) = &whole {
         assert!(*n <= head.len());
         assert!(!upgrade.key.is_empty());
+        let peer = "10.0.0.2:40000".parse().expect("an address");
+        let _ = Forwarded::default().client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
+        let trusted = Forwarded::new(&["10.0.0.0/8"]).expect("settings");
+        let _ = trusted.client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
     }
     // The first part alone is either still incomplete or already decided the same way.
     let cut = usize::from(cut).min(head.len());
