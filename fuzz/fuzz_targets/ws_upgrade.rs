@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use mqkv_broker::transport::ws::{parse_request, UpgradeError};
-use mqkv_broker::transport::Forwarded;
+use mqkv_broker::transport::forwarded::{Forwarded, ForwardingHeader};
 
 fn summary(
     r: &Result<Option<(usize, mqkv_broker::transport::ws::Upgrade)>, UpgradeError>,
@@ -23,9 +23,12 @@ fuzz_target!(|data: &[u8]| {
         assert!(*n <= head.len());
         assert!(!upgrade.key.is_empty());
         let peer = "10.0.0.2:40000".parse().expect("an address");
-        let _ = Forwarded::default().client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
-        let trusted = Forwarded::new(&["10.0.0.0/8"]).expect("settings");
-        let _ = trusted.client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
+        for header in [ForwardingHeader::XForwardedFor, ForwardingHeader::Forwarded] {
+            let any = Forwarded::new::<&str>(header, &[]).expect("settings");
+            let _ = any.client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
+            let listed = Forwarded::new(header, &["10.0.0.0/8"]).expect("settings");
+            let _ = listed.client(peer, &upgrade.forwarded, &upgrade.x_forwarded_for);
+        }
     }
     // The first part alone is either still incomplete or already decided the same way.
     let cut = usize::from(cut).min(head.len());

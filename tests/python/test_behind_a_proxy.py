@@ -230,7 +230,7 @@ def test_proxy_settings_are_checked_at_start(mqkv, tmp_path):
         assert message in res.stderr.decode(), res.stderr
     # One that takes headers from anyone on a public address is warned about.
     server = proxied(mqkv, 'kind = "tcp"\naddress = "0.0.0.0:0"\nproxy_protocol = true\n',
-                     'kind = "ws"\naddress = "0.0.0.0:0"\nforwarded_headers = true\n')
+                     'kind = "ws"\naddress = "0.0.0.0:0"\nforwarded_header = "X-Forwarded-For"\n')
     assert re.search(r"WARN.*PROXY protocol listener that takes headers from anyone",
                      server.stderr_text())
     assert re.search(r"WARN.*takes X-Forwarded-For and Forwarded from anyone",
@@ -309,7 +309,7 @@ def nginx(tmp_path):
 
 
 def forwarding(mqkv, proxy_from: str, extra: str = ""):
-    return proxied(mqkv, f'kind = "ws"\naddress = "{HOST}:0"\nforwarded_headers = true\n'
+    return proxied(mqkv, f'kind = "ws"\naddress = "{HOST}:0"\nforwarded_header = "X-Forwarded-For"\n'
                          f'proxy_from = [{proxy_from}]\n', extra=extra)
 
 
@@ -319,8 +319,9 @@ def test_websocket_clients_behind_nginx_are_seen_where_they_are(mqkv, nginx):
     front = free_port()
     nginx(front, behind(server, "ws")[0])
     # What a client writes in X-Forwarded-For itself is not taken: nginx appends the address
-    # it took the request from, the last one nginx's address does not vouch for.
-    spoofed = {"X-Forwarded-For": "203.0.113.7"}
+    # it took the request from, the last one nginx's address does not vouch for. A Forwarded
+    # header, which nginx passes on as it is, is not read at all.
+    spoofed = {"X-Forwarded-For": "203.0.113.7", "Forwarded": "for=198.51.100.1"}
     sub = Paho(server, "sub", listener="ws", port=front)
     assert sub.subscribe("behind/#", 1) == [1]
     pub = Paho(server, "pub", listener="ws", port=front, ws_headers=spoofed)
@@ -368,23 +369,25 @@ def test_forwarded_addresses_count_against_the_per_address_limit(mqkv):
 
     server = forwarding(mqkv, f'"{PROXY_ADDR}"',
                         extra="[broker]\nmax_connections_per_address = 1\nallow_anonymous = true\n")
-    first = upgrade_from_proxy(server, "X-Forwarded-For: 198.51.100.1\r\n")
-    second = upgrade_from_proxy(server, 'Forwarded: for="198.51.100.2:4711"\r\n')
-    again = upgrade_from_proxy(server, "X-Forwarded-For: 198.51.100.1:9\r\n")
     codes = []
-    for i, ws in enumerate((first, second, again)):
+    clients = []
+    # Each connects before the next one opens: the limit is counted at the upgrade.
+    for i, xff in enumerate(["198.51.100.1", "[2001:db8::2]:4711", "198.51.100.1:9"]):
+        ws = upgrade_from_proxy(server, f"X-Forwarded-For: {xff}\r\n")
         assert ws.status() == 101
         ws.send_frame(connect_packet(f"c{i}"))
         codes.append(ws.recv_mqtt()[3])
+        clients.append(ws)
     assert codes == [0, 0, QUOTA_EXCEEDED]
-    assert "client=198.51.100.2:4711" in server.stderr_text()
+    assert "client=[2001:db8::2]:4711" in server.stderr_text()
 
 
 @pytest.mark.parametrize("headers, source, status", [
     ("X-Forwarded-For: 198.51.100.1\r\n", HOST, 400),  # not from the listed proxy
     ("", PROXY_ADDR, 400),  # no header
     ("X-Forwarded-For: unknown\r\n", PROXY_ADDR, 400),
-    ("Forwarded: for=_hidden\r\n", PROXY_ADDR, 400),
+    ("X-Forwarded-For: _hidden\r\n", PROXY_ADDR, 400),
+    ("Forwarded: for=198.51.100.1\r\n", PROXY_ADDR, 400),  # not the header it reads
 ])
 def test_upgrades_that_do_not_name_a_client_are_refused(mqkv, headers, source, status):
     server = forwarding(mqkv, f'"{PROXY_ADDR}"')

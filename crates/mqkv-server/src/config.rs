@@ -459,12 +459,17 @@ mod tests {
     #[test]
     fn the_readme_example_is_valid() {
         let readme = include_str!("../../../README.md");
-        let block = readme
+        // Every TOML block parses; the full example is the one that sets a password file.
+        let blocks: Vec<ServerConfig> = readme
             .split("```toml")
-            .nth(1)
-            .and_then(|rest| rest.split("```").next())
-            .expect("a toml block in the README");
-        let c: ServerConfig = toml::from_str(block).expect("the README example parses");
+            .skip(1)
+            .filter_map(|rest| rest.split("```").next())
+            .map(|block| toml::from_str(block).expect("a README example parses"))
+            .collect();
+        let c = blocks
+            .into_iter()
+            .find(|c| c.password_file.is_some())
+            .expect("the full example in the README");
         assert_eq!(c.storage, StorageKind::Disk);
         assert!(c.password_file.is_some());
         assert!(c.policy.is_some());

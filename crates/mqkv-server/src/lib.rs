@@ -79,6 +79,8 @@ pub enum StartError {
 impl Server {
     /// Starts the broker and its services and binds every listener.
     pub async fn start(config: ServerConfig) -> Result<Server, StartError> {
+        // Before anything is read: what changes from here on is read again.
+        let at_start = reload::StartStamps::take(&config);
         let mut broker_config = config.broker.clone();
         broker_config.connection_threads = config.workers.unwrap_or(0);
         broker_config.pin_connection_threads = config.pin_workers;
@@ -277,6 +279,7 @@ impl Server {
             config.tokens.clone().map(|t| (t, tokens)),
             policy.map(|(path, _)| path),
             notifier.clone(),
+            &at_start,
         ));
         let _ = reloader_cell.set(reloader.clone());
         let watching = watch::start(&reloader, Duration::from_millis(config.watch_interval_ms));
@@ -360,6 +363,11 @@ impl Server {
     /// token keys and the policy again (see [`reload::Reloader`]). Returns how many failed.
     pub fn reload(&self) -> usize {
         self.reloader.reload()
+    }
+
+    /// What [`Server::reload`] runs, to run it elsewhere (on a thread for blocking work).
+    pub fn reloader(&self) -> Arc<reload::Reloader> {
+        self.reloader.clone()
     }
 
     /// What the state store has done to its files so far (log commits, entries written,

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use mqkv_broker::transport::forwarded::ForwardingHeader;
 use mqkv_broker::transport::{Forwarded, Origins, ProxyProtocol, TlsVersion};
 use mqkv_broker::{Tls, TlsFiles, Transport};
 use serde::{Deserialize, Serialize};
@@ -83,12 +84,12 @@ pub struct ListenerConfig {
     /// balancer or reverse proxy in front, which names the client's address.
     #[serde(default)]
     pub proxy_protocol: bool,
-    /// A `ws` or `wss` listener behind an HTTP reverse proxy: the client's address comes
-    /// from the `Forwarded` or `X-Forwarded-For` headers the proxy adds to the upgrade.
+    /// A `ws` or `wss` listener behind an HTTP reverse proxy: the header the proxy adds the
+    /// client's address to, `X-Forwarded-For` or `Forwarded`, which then names the client.
     #[serde(default)]
-    pub forwarded_headers: bool,
+    pub forwarded_header: Option<String>,
     /// The proxies (addresses or networks, `10.0.0.0/8`) that may connect to a
-    /// `proxy_protocol` or `forwarded_headers` listener; any when not given.
+    /// `proxy_protocol` or `forwarded_header` listener; any when not given.
     #[serde(default)]
     pub proxy_from: Option<Vec<String>>,
 }
@@ -210,20 +211,22 @@ pub(crate) fn plan(
             mqkv_broker::transport::origin::check(entry).map_err(|e| invalid(&e))?;
         }
         let origins = Origins::new(l.allowed_origins.iter().flatten());
-        if l.forwarded_headers && !l.kind.websocket() {
-            return Err(invalid("forwarded_headers is for ws and wss listeners"));
-        }
-        if l.forwarded_headers && l.proxy_protocol {
-            return Err(invalid(
-                "give proxy_protocol or forwarded_headers, not both",
-            ));
-        }
-        let behind_proxy = l.proxy_protocol || l.forwarded_headers;
+        let header = match &l.forwarded_header {
+            None => None,
+            Some(_) if !l.kind.websocket() => {
+                return Err(invalid("forwarded_header is for ws and wss listeners"))
+            }
+            Some(_) if l.proxy_protocol => {
+                return Err(invalid("give proxy_protocol or forwarded_header, not both"))
+            }
+            Some(name) => Some(name.parse::<ForwardingHeader>().map_err(|e| invalid(&e))?),
+        };
+        let behind_proxy = l.proxy_protocol || header.is_some();
         let from = match &l.proxy_from {
             None => Vec::new(),
             Some(_) if !behind_proxy => {
                 return Err(invalid(
-                    "proxy_from is for listeners with proxy_protocol or forwarded_headers",
+                    "proxy_from is for listeners with proxy_protocol or forwarded_header",
                 ))
             }
             Some(from) if from.is_empty() => {
@@ -238,9 +241,9 @@ pub(crate) fn plan(
             true => Some(ProxyProtocol::new(&from).map_err(proxy_from)?),
             false => None,
         };
-        let forwarded = match l.forwarded_headers {
-            true => Some(Forwarded::new(&from).map_err(proxy_from)?),
-            false => None,
+        let forwarded = match header {
+            Some(header) => Some(Forwarded::new(header, &from).map_err(proxy_from)?),
+            None => None,
         };
         let path = match l.kind.websocket() {
             true => {
@@ -335,7 +338,7 @@ mod tests {
             path: None,
             allowed_origins: None,
             proxy_protocol: false,
-            forwarded_headers: false,
+            forwarded_header: None,
             proxy_from: None,
         }
     }
@@ -409,12 +412,15 @@ mod tests {
         tcp.proxy_from = Some(vec!["10.0.0.0/8".into()]);
         assert!(err(tcp).contains("proxy_from is for listeners with proxy_protocol"));
         let mut tcp = listener(ListenerKind::Tcp);
-        tcp.forwarded_headers = true;
-        assert!(err(tcp).contains("forwarded_headers is for ws and wss"));
+        tcp.forwarded_header = Some("X-Forwarded-For".into());
+        assert!(err(tcp).contains("forwarded_header is for ws and wss"));
         let mut ws = listener(ListenerKind::Ws);
-        ws.forwarded_headers = true;
+        ws.forwarded_header = Some("X-Forwarded-For".into());
         ws.proxy_protocol = true;
         assert!(err(ws).contains("not both"));
+        let mut ws = listener(ListenerKind::Ws);
+        ws.forwarded_header = Some("X-Real-IP".into());
+        assert!(err(ws).contains("give \"X-Forwarded-For\" or \"Forwarded\""));
         let mut tcp = listener(ListenerKind::Tcp);
         tcp.proxy_protocol = true;
         tcp.proxy_from = Some(vec![]);

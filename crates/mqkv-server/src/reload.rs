@@ -16,7 +16,7 @@ use mqkv_broker::auth::PasswordStore;
 use mqkv_broker::tokens::{TokenStore, TokenVerifier};
 use mqkv_broker::Broker;
 
-use crate::config::TokenConfig;
+use crate::config::{ServerConfig, TokenConfig};
 use crate::policy::Policy;
 use crate::statestore::Notifier;
 
@@ -50,19 +50,59 @@ impl Part {
 /// What a part's files held: a hash of each one's contents, `None` where it could not be read.
 type Stamp = Vec<Option<u64>>;
 
-fn stamp(files: &[PathBuf]) -> Stamp {
-    files
-        .iter()
-        .map(|path| {
-            let bytes = std::fs::read(path).ok()?;
-            let mut h = DefaultHasher::new();
-            h.write(&bytes);
-            Some(h.finish())
-        })
-        .collect()
+/// A hash of the file's contents, `None` where it cannot be read.
+fn stamp_file(path: &Path) -> Option<u64> {
+    let bytes = std::fs::read(path).ok()?;
+    let mut h = DefaultHasher::new();
+    h.write(&bytes);
+    Some(h.finish())
 }
 
-/// What is known of one part's loading.
+fn stamp(files: &[PathBuf]) -> Stamp {
+    files.iter().map(|f| stamp_file(f)).collect()
+}
+
+/// What the files a configuration names hold, taken before the server reads them at start:
+/// a change made while it starts is then noticed by the first checks.
+#[derive(Debug, Default)]
+pub struct StartStamps(HashMap<PathBuf, Option<u64>>);
+
+impl StartStamps {
+    pub fn take(config: &ServerConfig) -> StartStamps {
+        let mut files: Vec<&PathBuf> = Vec::new();
+        files.extend(&config.password_file);
+        files.extend(&config.policy);
+        if let Some(t) = &config.tokens {
+            files.extend(&t.keys);
+            files.extend(&t.jwks);
+        }
+        let tls = &config.tls;
+        files.extend(
+            [&tls.cert, &tls.key, &tls.client_ca, &tls.crl]
+                .into_iter()
+                .flatten(),
+        );
+        for l in &config.listeners {
+            files.extend(
+                [&l.cert, &l.key, &l.client_ca, &l.crl]
+                    .into_iter()
+                    .flatten(),
+            );
+        }
+        let stamps = files
+            .into_iter()
+            .map(|f| (f.clone(), stamp_file(f)))
+            .collect();
+        StartStamps(stamps)
+    }
+
+    fn of(&self, files: &[PathBuf]) -> Stamp {
+        let at_start = |f: &PathBuf| self.0.get(f).copied().unwrap_or_else(|| stamp_file(f));
+        files.iter().map(at_start).collect()
+    }
+}
+
+/// What is known of one part's files.
 #[derive(Debug, Default)]
 struct PartState {
     /// What its files held when it was last loaded (or failed to load).
@@ -70,6 +110,11 @@ struct PartState {
     /// What they held at the last check, when that differed from `loaded`: a change is loaded
     /// once two checks in a row find the same contents, so a file caught half-written is not.
     changing: Option<Stamp>,
+}
+
+/// How one part's loads went.
+#[derive(Debug, Clone, Copy)]
+struct Outcome {
     /// Whether its last load succeeded.
     ok: bool,
     /// Loads that failed since the start.
@@ -122,13 +167,15 @@ pub struct Reloader {
     policy: Option<PathBuf>,
     /// Key observations, which a new policy may end.
     notifier: Arc<Notifier>,
-    /// Each part's state; held while a part loads, so that loads never overlap.
+    /// What each part's files held; held while a part loads, so that loads never overlap.
     state: Mutex<HashMap<Part, PartState>>,
+    /// How each part's loads went.
+    outcomes: Mutex<HashMap<Part, Outcome>>,
 }
 
 impl Reloader {
-    /// The reloader of what the server has just loaded: the files' contents now count as
-    /// loaded. Warns of server certificates that expire soon.
+    /// The reloader of what the server has just loaded from files that held `at_start`.
+    /// Warns of server certificates that expire soon.
     pub fn new(
         broker: Broker,
         tls: Vec<Arc<mqkv_broker::Tls>>,
@@ -136,6 +183,7 @@ impl Reloader {
         tokens: Option<(TokenConfig, Arc<TokenStore>)>,
         policy: Option<PathBuf>,
         notifier: Arc<Notifier>,
+        at_start: &StartStamps,
     ) -> Reloader {
         let reloader = Reloader {
             broker,
@@ -145,22 +193,29 @@ impl Reloader {
             policy,
             notifier,
             state: Mutex::new(HashMap::new()),
+            outcomes: Mutex::new(HashMap::new()),
         };
-        let state = reloader
-            .parts()
-            .into_iter()
-            .map(|(part, files)| {
-                let loaded = stamp(&files);
-                let ok = true;
-                let state = PartState {
+        let mut state = HashMap::new();
+        let mut outcomes = HashMap::new();
+        for (part, files) in reloader.parts() {
+            let loaded = at_start.of(&files);
+            state.insert(
+                part,
+                PartState {
                     loaded,
-                    ok,
-                    ..PartState::default()
-                };
-                (part, state)
-            })
-            .collect();
+                    changing: None,
+                },
+            );
+            outcomes.insert(
+                part,
+                Outcome {
+                    ok: true,
+                    failures: 0,
+                },
+            );
+        }
         *reloader.state.lock() = state;
+        *reloader.outcomes.lock() = outcomes;
         reloader.warn_of_expiry(unix_now());
         reloader
     }
@@ -205,11 +260,10 @@ impl Reloader {
         let mut state = self.state.lock();
         let mut failed = 0;
         for (part, files) in self.parts() {
-            let now = stamp(&files);
             let s = state.entry(part).or_default();
+            s.loaded = stamp(&files);
             s.changing = None;
-            s.loaded = now;
-            if !self.load(part, s) {
+            if !self.load(part, &files, s) {
                 failed += 1;
             }
         }
@@ -230,65 +284,75 @@ impl Reloader {
                     file,
                     "files changed: reading them again"
                 );
-                self.load(part, s);
+                self.load(part, &files, s);
                 read += 1;
             }
         }
         read
     }
 
-    /// Loads one part; records and logs how it went.
-    fn load(&self, part: Part, s: &mut PartState) -> bool {
-        let result = match part {
+    /// Loads one part from its `files`, which held `s.loaded` just before; records how it
+    /// went. Files that changed while they were read are read again at the next checks.
+    fn load(&self, part: Part, files: &[PathBuf], s: &mut PartState) -> bool {
+        let ok = match part {
             Part::Passwords => self.load_passwords(),
             Part::Tokens => self.load_tokens(),
             Part::Policy => self.load_policy(),
             Part::Tls(i) => self.load_tls(i),
         };
-        s.ok = result.is_ok();
-        if !s.ok {
-            s.failures += 1;
+        let after = stamp(files);
+        if after != s.loaded {
+            s.changing = Some(after);
         }
-        s.ok
+        let mut outcomes = self.outcomes.lock();
+        let outcome = outcomes.entry(part).or_insert(Outcome {
+            ok: true,
+            failures: 0,
+        });
+        outcome.ok = ok;
+        if !ok {
+            outcome.failures += 1;
+        }
+        ok
     }
 
-    fn load_passwords(&self) -> Result<(), ()> {
+    fn load_passwords(&self) -> bool {
         let Some((path, store)) = &self.passwords else {
-            return Ok(());
+            return true;
         };
         match mqkv_broker::passwords::Passwords::load(path) {
             Ok(users) => {
                 store.replace(users);
                 tracing::info!(file = %path.display(), "password file reloaded");
-                Ok(())
+                true
             }
             Err(e) => {
                 tracing::error!(error = %e, "password file reload failed; the previous users stay");
-                Err(())
+                false
             }
         }
     }
 
-    fn load_tokens(&self) -> Result<(), ()> {
+    fn load_tokens(&self) -> bool {
         let Some((settings, store)) = &self.tokens else {
-            return Ok(());
+            return true;
         };
         match TokenVerifier::load(&settings.settings()) {
             Ok(verifier) => {
                 store.replace(verifier);
                 tracing::info!("token keys reloaded");
-                Ok(())
+                true
             }
             Err(e) => {
                 tracing::error!(error = %e, "token keys reload failed; the previous keys stay");
-                Err(())
+                false
             }
         }
     }
 
-    fn load_policy(&self) -> Result<(), ()> {
+    fn load_policy(&self) -> bool {
         let Some(path) = &self.policy else {
-            return Ok(());
+            return true;
         };
         match Policy::load(path) {
             Ok(policy) => {
@@ -296,29 +360,29 @@ impl Reloader {
                 tracing::info!(file = %path.display(), rules = policy.rule_count(), "policy reloaded");
                 self.broker.set_policy(Some(policy.clone()));
                 self.notifier.apply_policy(&*policy);
-                Ok(())
+                true
             }
             Err(e) => {
                 tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
-                Err(())
+                false
             }
         }
     }
 
-    fn load_tls(&self, i: usize) -> Result<(), ()> {
+    fn load_tls(&self, i: usize) -> bool {
         let Some(tls) = self.tls.get(i) else {
-            return Ok(());
+            return true;
         };
         let cert = tls.files().cert.display();
         match tls.reload() {
             Ok(()) => {
                 tracing::info!(%cert, "TLS certificate and key reloaded");
                 warn_of_expiry(&tls.files().cert, tls.not_after(), unix_now());
-                Ok(())
+                true
             }
             Err(e) => {
                 tracing::error!(%cert, error = %e, "TLS reload failed; the previous certificate stays in use");
-                Err(())
+                false
             }
         }
     }
@@ -331,26 +395,39 @@ impl Reloader {
         }
     }
 
-    /// How each part stands, in a stable order.
+    /// How each part stands, in a stable order. TLS settings that share a certificate file
+    /// (listeners that differ in other settings) are reported as one: ok if every one loaded,
+    /// their failures summed, the earliest expiry.
     pub fn report(&self) -> Vec<PartReport> {
-        let state = self.state.lock();
-        let mut report: Vec<PartReport> = self
-            .parts()
-            .into_iter()
-            .map(|(part, files)| {
-                let s = state.get(&part);
-                PartReport {
-                    part,
-                    file: files.first().cloned().unwrap_or_default(),
-                    ok: s.is_none_or(|s| s.ok),
-                    failures: s.map_or(0, |s| s.failures),
-                    not_after: match part {
-                        Part::Tls(i) => self.tls.get(i).map(|t| t.not_after()),
-                        _ => None,
-                    },
+        let outcomes = self.outcomes.lock().clone();
+        let mut report: Vec<PartReport> = Vec::new();
+        for (part, files) in self.parts() {
+            let o = outcomes.get(&part);
+            let r = PartReport {
+                part,
+                file: files.first().cloned().unwrap_or_default(),
+                ok: o.is_none_or(|o| o.ok),
+                failures: o.map_or(0, |o| o.failures),
+                not_after: match part {
+                    Part::Tls(i) => self.tls.get(i).map(|t| t.not_after()),
+                    _ => None,
+                },
+            };
+            let same = report
+                .iter_mut()
+                .find(|x| x.part.name() == r.part.name() && x.file == r.file);
+            match same {
+                Some(x) => {
+                    x.ok &= r.ok;
+                    x.failures += r.failures;
+                    x.not_after = match (x.not_after, r.not_after) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
                 }
-            })
-            .collect();
+                None => report.push(r),
+            }
+        }
         report.sort_by_key(|r| r.part);
         report
     }
@@ -382,8 +459,7 @@ mod tests {
     fn state(loaded: &[Option<u64>]) -> PartState {
         PartState {
             loaded: loaded.to_vec(),
-            ok: true,
-            ..PartState::default()
+            changing: None,
         }
     }
 

@@ -15,6 +15,9 @@ use crate::reload::Reloader;
 /// How often certificates are checked for their expiry.
 const EXPIRY_CHECK: Duration = Duration::from_secs(24 * 3600);
 
+/// The shortest interval between checks of the files: each check reads them all.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The checks; they stop when this is dropped.
 pub(crate) struct Watching(Vec<AbortHandle>);
 
@@ -26,11 +29,12 @@ impl Drop for Watching {
     }
 }
 
-/// Starts checking the files every `every` (none when zero), and the certificates' expiry
-/// daily.
+/// Starts checking the files every `every` (at least 100 ms; none when zero), and the
+/// certificates' expiry daily.
 pub(crate) fn start(reloader: &Arc<Reloader>, every: Duration) -> Watching {
     let mut tasks = Vec::new();
     if !every.is_zero() {
+        let every = every.max(MIN_INTERVAL);
         tasks.push(tokio::spawn(check_files(Arc::downgrade(reloader), every)).abort_handle());
     }
     tasks.push(tokio::spawn(check_expiry(Arc::downgrade(reloader))).abort_handle());

@@ -91,7 +91,7 @@ async fn start(dir: &Path, require_client_cert: bool) -> (Server, SocketAddr) {
             path: None,
             allowed_origins: None,
             proxy_protocol: false,
-            forwarded_headers: false,
+            forwarded_header: None,
             proxy_from: None,
         }],
         workers: Some(2),

@@ -315,7 +315,7 @@ impl ServeArgs {
                     path: path.clone(),
                     allowed_origins: origins.clone(),
                     proxy_protocol: false,
-                    forwarded_headers: false,
+                    forwarded_header: None,
                     proxy_from: None,
                 }));
         }
@@ -582,7 +582,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         for endpoint in &server.endpoints {
             tracing::info!(%endpoint, "listening");
         }
-        signals.wait(|| server.reload()).await;
+        // Reading files and building TLS settings block: on a thread for blocking work.
+        let reloader = server.reloader();
+        signals
+            .wait(move || {
+                let reloader = reloader.clone();
+                tokio::task::spawn_blocking(move || reloader.reload());
+            })
+            .await;
         tracing::info!("shutting down");
         server.shutdown().await;
         anyhow::Ok(())
@@ -618,7 +625,7 @@ impl Signals {
     }
 
     /// Waits for a signal to stop, calling `reload` on every SIGHUP meanwhile.
-    async fn wait(mut self, reload: impl Fn() -> usize) {
+    async fn wait(mut self, reload: impl Fn()) {
         #[cfg(unix)]
         loop {
             tokio::select! {

@@ -36,11 +36,17 @@ pub(crate) async fn run(
     transport: Arc<Transport>,
     proxy: Option<Arc<ProxyProtocol>>,
 ) {
-    let (peer, local) = match proxy {
+    // The handshakes have one deadline: the proxy's header, TLS, the WebSocket upgrade.
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    // Behind a proxy, the client's address is known once the proxy has said it.
+    let behind_proxy = proxy.is_some() || transport.forwarded().is_some();
+    let direct = (!behind_proxy).then_some(peer.ip());
+    let (mut live, mut over_limit) = LiveGuard::new(inner.clone(), direct, transport.kind());
+    let (peer, local) = match &proxy {
         None => (peer, local),
         Some(proxy) => {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, proxy.read(&mut tcp, peer)).await {
-                Ok(Ok(client)) => client.unwrap_or((peer, local)),
+            match tokio::time::timeout_at(deadline, proxy.read(&mut tcp, peer, local)).await {
+                Ok(Ok(addresses)) => addresses,
                 Ok(Err(e)) => {
                     tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused: PROXY protocol");
                     return;
@@ -52,13 +58,15 @@ pub(crate) async fn run(
             }
         }
     };
-    let (mut live, mut over_limit) = LiveGuard::new(inner.clone(), peer.ip(), transport.kind());
+    if proxy.is_some() {
+        over_limit = live.count(peer.ip());
+    }
     tracing::debug!(%peer, kind = transport.kind(), "connection accepted");
     let max_in = inner.config.max_packet_size as usize;
     // A WebSocket message may carry a whole packet and the start of the next.
     let max_message = max_in.saturating_add(MAX_MESSAGE_SLACK);
-    let accepted = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
+    let accepted = tokio::time::timeout_at(
+        deadline,
         transport::accept(tcp, peer, &transport, max_message),
     )
     .await;
@@ -84,7 +92,7 @@ pub(crate) async fn run(
         None => (peer, local),
         Some(client) => {
             tracing::debug!(proxy = %peer, %client, "client behind a WebSocket proxy");
-            over_limit = live.move_to(client.ip());
+            over_limit = live.count(client.ip());
             let local = match client.ip().is_loopback() {
                 true => local,
                 false => SocketAddr::new(unspecified(local.ip()), local.port()),

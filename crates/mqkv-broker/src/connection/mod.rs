@@ -62,58 +62,38 @@ pub(super) struct LiveGuard {
 }
 
 impl LiveGuard {
-    /// Counts a new connection from `ip` on a listener of `kind`; the second value says
-    /// whether the address is over its limit with it.
-    pub(super) fn new(inner: Arc<Inner>, ip: std::net::IpAddr, kind: &str) -> (LiveGuard, bool) {
+    /// Counts a new connection on a listener of `kind`, and, under a per-address limit,
+    /// against its address `ip` if that is known yet (see [`LiveGuard::count`]); the second
+    /// value says whether the address is over its limit with it.
+    pub(super) fn new(
+        inner: Arc<Inner>,
+        ip: Option<std::net::IpAddr>,
+        kind: &str,
+    ) -> (LiveGuard, bool) {
         inner.live_connections.fetch_add(1, Ordering::Relaxed);
         let kind = KINDS.iter().position(|k| *k == kind).unwrap_or(0);
         inner.live_by_kind[kind].fetch_add(1, Ordering::Relaxed);
-        let limit = inner.config.max_connections_per_address;
-        if limit == 0 {
-            return (
-                LiveGuard {
-                    inner,
-                    counted: None,
-                    kind,
-                },
-                false,
-            );
-        }
-        let over = {
-            let mut per_address = inner.per_address.lock();
-            let n = per_address.entry(ip).or_insert(0);
-            *n += 1;
-            *n > limit
+        let mut guard = LiveGuard {
+            inner,
+            counted: None,
+            kind,
         };
-        (
-            LiveGuard {
-                inner,
-                counted: Some(ip),
-                kind,
-            },
-            over,
-        )
+        let over = ip.is_some_and(|ip| guard.count(ip));
+        (guard, over)
     }
-}
 
-impl LiveGuard {
-    /// Counts the connection against `ip` instead (the client behind a proxy); returns
-    /// whether that address is over its limit with it.
-    pub(super) fn move_to(&mut self, ip: std::net::IpAddr) -> bool {
-        let Some(old) = self.counted else {
+    /// Counts the connection against its address, once it is known (behind a proxy, when
+    /// the proxy has said it); returns whether the address is over its limit with it.
+    pub(super) fn count(&mut self, ip: std::net::IpAddr) -> bool {
+        let limit = self.inner.config.max_connections_per_address;
+        if limit == 0 || self.counted.is_some() {
             return false;
-        };
-        let mut per_address = self.inner.per_address.lock();
-        if let Some(n) = per_address.get_mut(&old) {
-            *n -= 1;
-            if *n == 0 {
-                per_address.remove(&old);
-            }
         }
+        let mut per_address = self.inner.per_address.lock();
         let n = per_address.entry(ip).or_insert(0);
         *n += 1;
         self.counted = Some(ip);
-        *n > self.inner.config.max_connections_per_address
+        *n > limit
     }
 }
 

@@ -49,32 +49,65 @@ impl ProxyProtocol {
         self.from.is_empty() || self.from.iter().any(|net| net.contains(&ip))
     }
 
-    /// Reads the header a connection from `peer` starts with. Returns the client's address
-    /// and the address it connected to, or `None` when the header gives none (a proxy's own
-    /// health check, or a family other than TCP over IPv4 or IPv6): the connection's own
-    /// addresses then stand.
+    /// Reads the header a connection from `peer` to `local` starts with. Returns the
+    /// client's address and the address it connected to: those the header names, or the
+    /// connection's own where it names none (a proxy's own health check, or a family other
+    /// than TCP over IPv4 or IPv6). A loopback address in the header is the proxy's own
+    /// machine: it stands only from a proxy on loopback (see [`vouched`]).
     pub(crate) async fn read<R: AsyncRead + Unpin>(
         &self,
         r: &mut R,
         peer: SocketAddr,
-    ) -> Result<ClientAddresses, ProxyError> {
+        local: SocketAddr,
+    ) -> Result<(SocketAddr, SocketAddr), ProxyError> {
         if !self.trusts(peer.ip()) {
             return Err(ProxyError::Untrusted);
         }
-        read_header(r).await
+        Ok(match read_header(r).await? {
+            Some((client, server)) => (
+                vouched(client, peer.ip(), peer),
+                vouched(server, peer.ip(), local),
+            ),
+            None => (peer, local),
+        })
     }
 }
 
-/// Addresses (`10.0.0.5`) and networks (`10.0.0.0/8`), as given in `proxy_from`.
+/// Addresses (`10.0.0.5`) and networks (`10.0.0.0/8`), as given in `proxy_from`; IPv4
+/// networks mapped into IPv6 (`::ffff:10.0.0.0/104`) as IPv4, as addresses are compared.
 pub(crate) fn networks<S: AsRef<str>>(from: &[S]) -> Result<Vec<IpNet>, String> {
     from.iter()
         .map(|s| {
             let s = s.as_ref().trim();
-            s.parse::<IpNet>()
+            let net = s
+                .parse::<IpNet>()
                 .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| format!("{s:?} is not an address or network (10.0.0.5, 10.0.0.0/8)"))
+                .map_err(|_| {
+                    format!("{s:?} is not an address or network (10.0.0.5, 10.0.0.0/8)")
+                })?;
+            Ok(match net {
+                IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+                    Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                        .map(IpNet::V4)
+                        .map_err(|e| format!("{s:?}: {e}"))?,
+                    None => net,
+                },
+                net => net,
+            })
         })
         .collect()
+}
+
+/// An address that the proxy at `proxy` names, `claimed`, as taken: IPv4 mapped into IPv6
+/// as IPv4, and a loopback address, which means the proxy's own machine, as `otherwise`
+/// unless the proxy is on loopback itself. (A remote proxy's loopback is not this machine's.)
+pub(crate) fn vouched(claimed: SocketAddr, proxy: IpAddr, otherwise: SocketAddr) -> SocketAddr {
+    let claimed = SocketAddr::new(canonical(claimed.ip()), claimed.port());
+    if claimed.ip().is_loopback() && !canonical(proxy).is_loopback() {
+        otherwise
+    } else {
+        claimed
+    }
 }
 
 /// An IPv4 address mapped into IPv6 as plain IPv4, so that `10.0.0.0/8` covers it.
@@ -265,6 +298,37 @@ mod tests {
     }
 
     #[test]
+    fn loopback_in_a_header_means_the_proxys_machine() {
+        let any = ProxyProtocol::default();
+        let read = |header: &[u8], peer: &str| {
+            run(any.read(&mut &header[..], addr(peer), addr("192.0.2.1:1884"))).expect("taken")
+        };
+        let header = b"PROXY TCP4 127.0.0.1 127.0.0.1 5000 1883\r\n";
+        // From a proxy on another machine: its loopback is not ours.
+        assert_eq!(
+            read(header, "10.0.0.2:40000"),
+            (addr("10.0.0.2:40000"), addr("192.0.2.1:1884"))
+        );
+        // From a proxy on this machine it is.
+        assert_eq!(
+            read(header, "127.0.0.1:40000"),
+            (addr("127.0.0.1:5000"), addr("127.0.0.1:1883"))
+        );
+        // IPv4 mapped into IPv6 is IPv4.
+        let header = b"PROXY TCP6 ::ffff:203.0.113.7 ::ffff:192.0.2.1 5000 1883\r\n";
+        assert_eq!(
+            read(header, "10.0.0.2:40000"),
+            (addr("203.0.113.7:5000"), addr("192.0.2.1:1883"))
+        );
+        // The proxy's own health check: the connection's addresses.
+        let local = [V2_SIGNATURE.as_slice(), &[0x20, 0, 0, 0]].concat();
+        assert_eq!(
+            read(&local, "10.0.0.2:40000"),
+            (addr("10.0.0.2:40000"), addr("192.0.2.1:1884"))
+        );
+    }
+
+    #[test]
     fn only_listed_proxies_may_send_a_header() {
         let any = ProxyProtocol::new::<&str>(&[]).expect("settings");
         assert!(any.trusts("198.51.100.1".parse().expect("ip")));
@@ -275,9 +339,16 @@ mod tests {
         assert!(some.trusts("fd12::1".parse().expect("ip")));
         assert!(!some.trusts("192.0.2.6".parse().expect("ip")));
         assert!(!some.trusts("127.0.0.1".parse().expect("ip")));
-        let untrusted = run(some.read(&mut &b"PROXY UNKNOWN\r\n"[..], addr("192.0.2.9:4000")));
+        let untrusted = run(some.read(
+            &mut &b"PROXY UNKNOWN\r\n"[..],
+            addr("192.0.2.9:4000"),
+            addr("192.0.2.1:1883"),
+        ));
         assert!(matches!(untrusted, Err(ProxyError::Untrusted)));
         assert!(ProxyProtocol::new(&["10.0.0.0/33"]).is_err());
+        let mapped = ProxyProtocol::new(&["::ffff:10.0.0.0/104"]).expect("settings");
+        assert!(mapped.trusts("10.1.2.3".parse().expect("ip")));
+        assert!(mapped.trusts("::ffff:10.1.2.3".parse().expect("ip")));
         assert!(ProxyProtocol::new(&["proxy.internal"]).is_err());
     }
 }
