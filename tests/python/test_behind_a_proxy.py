@@ -51,7 +51,43 @@ def behind(server, kind: str) -> list[int]:
     return ports[1:] if kind == "tcp" else ports
 
 
-class HAProxy:
+def accepts(port: int) -> bool:
+    try:
+        socket.create_connection((HOST, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+class Background:
+    """A program the test runs in the background, its output in a log file."""
+
+    def __init__(self, args: list[str], log):
+        self.log = open(log, "wb")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def background():
+    """Factory: `background(Kind, *args)` starts one, stopped at the end of the test."""
+    started = []
+
+    def start(kind, *args):
+        b = kind(*args)
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+class HAProxy(Background):
     """HAProxy in TCP mode, one frontend per (port, backend port, send-proxy option)."""
 
     def __init__(self, tmp_path, routes: list[tuple[int, int, str]]):
@@ -62,38 +98,14 @@ class HAProxy:
                     f"backend b{i}", f"  server mqkv {HOST}:{back} {option}"]
         path = tmp_path / "haproxy.cfg"
         path.write_text("\n".join(cfg) + "\n")
-        self.log = open(tmp_path / "haproxy.log", "wb")
-        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        super().__init__([HAPROXY, "-db", "-f", str(path)], tmp_path / "haproxy.log")
         for front, _, _ in routes:
-            wait_for(lambda: self._accepts(front), what=f"haproxy on {front}")
-
-    @staticmethod
-    def _accepts(port: int) -> bool:
-        try:
-            socket.create_connection((HOST, port), timeout=0.2).close()
-            return True
-        except OSError:
-            return False
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
+            wait_for(lambda: accepts(front), what=f"haproxy on {front}")
 
 
 @pytest.fixture
-def haproxy(tmp_path):
-    started = []
-
-    def start(routes):
-        h = HAProxy(tmp_path, routes)
-        started.append(h)
-        return h
-
-    yield start
-    for h in started:
-        h.stop()
+def haproxy(tmp_path, background):
+    return lambda routes: background(HAProxy, tmp_path, routes)
 
 
 def seen_from(server, client: Paho) -> bool:
@@ -250,7 +262,7 @@ needs_nginx = pytest.mark.skipif(
 PROXY_ADDR = "127.0.0.5"
 
 
-class Nginx:
+class Nginx(Background):
     """nginx forwarding WebSocket upgrades on `front` to the listener on `back`, from
     PROXY_ADDR, adding the client's address to X-Forwarded-For as its documentation shows."""
 
@@ -282,30 +294,14 @@ http {{
   }}
 }}
 """)
-        self.log = open(d / "stdout.log", "wb")
-        self.proc = subprocess.Popen([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"),
-                                      "-e", str(d / "error.log")],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(lambda: HAProxy._accepts(front), what="nginx")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
+        super().__init__([NGINX, "-p", str(d), "-c", str(d / "nginx.conf"),
+                          "-e", str(d / "error.log")], d / "stdout.log")
+        wait_for(lambda: accepts(front), what="nginx")
 
 
 @pytest.fixture
-def nginx(tmp_path):
-    started = []
-
-    def start(front, back):
-        n = Nginx(tmp_path, front, back)
-        started.append(n)
-        return n
-
-    yield start
-    for n in started:
-        n.stop()
+def nginx(tmp_path, background):
+    return lambda front, back: background(Nginx, tmp_path, front, back)
 
 
 def forwarding(mqkv, proxy_from: str, extra: str = ""):

@@ -35,13 +35,25 @@ pub(crate) fn start(reloader: &Arc<Reloader>, every: Duration) -> Watching {
     let mut tasks = Vec::new();
     if !every.is_zero() {
         let every = every.max(MIN_INTERVAL);
-        tasks.push(tokio::spawn(check_files(Arc::downgrade(reloader), every)).abort_handle());
+        let files = self::every(Arc::downgrade(reloader), every, |r| {
+            r.reload_changed();
+        });
+        tasks.push(tokio::spawn(files).abort_handle());
     }
-    tasks.push(tokio::spawn(check_expiry(Arc::downgrade(reloader))).abort_handle());
+    let expiry = self::every(Arc::downgrade(reloader), EXPIRY_CHECK, |r| {
+        r.warn_of_expiry(crate::reload::unix_now())
+    });
+    tasks.push(tokio::spawn(expiry).abort_handle());
     Watching(tasks)
 }
 
-async fn check_files(reloader: Weak<Reloader>, every: Duration) {
+/// Runs `check` on a thread for blocking work (reading files and building TLS settings may
+/// block) every `every`, until the reloader is gone.
+async fn every(
+    reloader: Weak<Reloader>,
+    every: Duration,
+    check: impl Fn(&Reloader) + Send + Sync + Copy + 'static,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     tick.tick().await;
@@ -50,25 +62,11 @@ async fn check_files(reloader: Weak<Reloader>, every: Duration) {
         let Some(reloader) = reloader.upgrade() else {
             return;
         };
-        // Reading files and building TLS settings may block.
-        if tokio::task::spawn_blocking(move || reloader.reload_changed())
+        if tokio::task::spawn_blocking(move || check(&reloader))
             .await
             .is_err()
         {
             return;
         }
-    }
-}
-
-async fn check_expiry(reloader: Weak<Reloader>) {
-    let mut tick = tokio::time::interval(EXPIRY_CHECK);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let Some(reloader) = reloader.upgrade() else {
-            return;
-        };
-        reloader.warn_of_expiry(crate::reload::unix_now());
     }
 }
