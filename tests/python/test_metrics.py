@@ -5,6 +5,7 @@ traffic (each counter moves by exactly what was sent), /healthz, /readyz (ready 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 import urllib.error
@@ -276,3 +277,33 @@ def test_sets_refused_before_the_log_are_counted_too(mqkv, tmp_path):
     # The refused SET of a missing key is an insertion; the malformed one never parsed.
     assert delta(before, after, "aio_broker_state_store_insertions") == 1
     assert delta(before, after, "aio_broker_state_store_modifications") == 0
+
+
+def test_handshake_failures_are_counted_by_reason(mqkv, tmp_path):
+    from certs import make_pki
+    from helpers import wait_for
+    from test_transports import RawWs
+
+    pki = make_pki(tmp_path / "pki")
+    server = mqkv("--listen-tls", f"{HOST}:0", "--listen-ws", f"{HOST}:0", "--http", f"{HOST}:0",
+                  "--tls-cert", pki.server.cert_path, "--tls-key", pki.server.key_path)
+    before = quiet(server)
+    for reason in ("tls", "websocket", "proxy", "timeout"):
+        assert value(before, "mqkv_handshake_failures", reason=reason) == 0
+    # Plain MQTT on the TLS port, twice; an upgrade for another path on the WebSocket one.
+    for _ in range(2):
+        with socket.create_connection((HOST, server.endpoints["tls"]), timeout=5) as s:
+            s.sendall(b"\x10\x0c\x00\x04MQTT\x05\x02\x00\x3c\x00\x00\x00")
+            s.recv(100)
+    ws = RawWs(server.endpoints["ws"], path="/elsewhere")
+    assert ws.status() == 404
+    ws.close()
+    wait_for(lambda: value(scrape(server), "mqkv_handshake_failures", reason="websocket") == 1,
+             what="the refused upgrade counted")
+    after = quiet(server)
+    assert delta(before, after, "mqkv_handshake_failures", reason="tls") == 2
+    assert delta(before, after, "mqkv_handshake_failures", reason="websocket") == 1
+    assert delta(before, after, "mqkv_handshake_failures", reason="timeout") == 0
+    # A TLS client that verifies the server is not counted.
+    Paho(server, "fine", listener="tls", tls={"ca_certs": str(pki.ca.cert_path)}).disconnect()
+    assert delta(after, quiet(server), "mqkv_handshake_failures", reason="tls") == 0

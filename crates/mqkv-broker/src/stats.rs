@@ -139,7 +139,14 @@ pub struct Counters {
     /// Decisions of the policy (or of a namespace reserved for the server).
     pub authorization_allow: AtomicU64,
     pub authorization_deny: AtomicU64,
+    /// Connections ended before MQTT began, by [`HANDSHAKE_FAILURES`].
+    pub handshake_failures: [AtomicU64; HANDSHAKE_FAILURES.len()],
 }
+
+/// Why a connection ended before MQTT began: its TLS handshake failed (garbage, plain MQTT on
+/// a TLS port, a client certificate that does not verify), its WebSocket upgrade was refused,
+/// its PROXY protocol header was, or its handshakes did not finish in time.
+pub const HANDSHAKE_FAILURES: [&str; 4] = ["tls", "websocket", "proxy", "timeout"];
 
 /// The broker's counters, summed over threads, and its gauges, at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -168,6 +175,8 @@ pub struct BrokerStats {
     pub retained_bytes: u64,
     /// Open connections by listener kind (`tcp`, `tls`, `ws`, `wss`), handshakes included.
     pub connections: Vec<(&'static str, u64)>,
+    /// Connections ended before MQTT began, by reason (see [`HANDSHAKE_FAILURES`]).
+    pub handshake_failures: Vec<(&'static str, u64)>,
 }
 
 impl BrokerStats {
@@ -204,6 +213,11 @@ impl BrokerStats {
             authentication_failures: sum(per_thread, |c| &c.authentication_failures),
             authorization_allow: sum(per_thread, |c| &c.authorization_allow),
             authorization_deny: sum(per_thread, |c| &c.authorization_deny),
+            handshake_failures: HANDSHAKE_FAILURES
+                .iter()
+                .enumerate()
+                .map(|(i, reason)| (*reason, sum(per_thread, |c| &c.handshake_failures[i])))
+                .collect(),
             ..BrokerStats::default()
         }
     }

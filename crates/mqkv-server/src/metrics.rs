@@ -252,6 +252,15 @@ pub fn render(s: &Sources) -> String {
     for (kind, n) in &b.connections {
         o.sample("mqkv_connections", &[("kind", kind)], n);
     }
+    let name = "mqkv_handshake_failures";
+    o.header(
+        name,
+        "counter",
+        "connections ended before MQTT began: TLS handshake failed, WebSocket upgrade or PROXY protocol header refused, or handshakes not finished in time",
+    );
+    for (reason, n) in &b.handshake_failures {
+        o.sample(name, &[("reason", reason)], n);
+    }
     o.header(
         "mqkv_queue_dropped_messages",
         "counter",

@@ -49,10 +49,12 @@ pub(crate) async fn run(
                 Ok(Ok(addresses)) => addresses,
                 Ok(Err(e)) => {
                     tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused: PROXY protocol");
+                    handshake_failed(&inner, "proxy");
                     return;
                 }
                 Err(_) => {
                     tracing::info!(%peer, kind = transport.kind(), "PROXY protocol header not received in time");
+                    handshake_failed(&inner, "timeout");
                     return;
                 }
             }
@@ -79,10 +81,18 @@ pub(crate) async fn run(
         Ok(Ok(accepted)) => accepted,
         Ok(Err(e)) => {
             tracing::info!(%peer, kind = transport.kind(), error = %e, "connection refused");
+            handshake_failed(
+                &inner,
+                match e {
+                    transport::AcceptError::Tls(_) => "tls",
+                    transport::AcceptError::WebSocket(_) => "websocket",
+                },
+            );
             return;
         }
         Err(_) => {
             tracing::info!(%peer, kind = transport.kind(), "handshake not finished in time");
+            handshake_failed(&inner, "timeout");
             return;
         }
     };
@@ -511,5 +521,14 @@ fn unspecified(ip: std::net::IpAddr) -> std::net::IpAddr {
     match ip {
         std::net::IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
         std::net::IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    }
+}
+
+/// Counts a connection that ended before MQTT began, by `reason` (one of
+/// [`crate::stats::HANDSHAKE_FAILURES`]).
+fn handshake_failed(inner: &Inner, reason: &str) {
+    let reasons = crate::stats::HANDSHAKE_FAILURES;
+    if let Some(i) = reasons.iter().position(|r| *r == reason) {
+        crate::stats::add(&inner.stats.here().handshake_failures[i], 1);
     }
 }
