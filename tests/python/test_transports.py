@@ -712,3 +712,41 @@ def test_a_nagle_subscriber_with_a_small_receive_maximum_keeps_up(mqkv, pki, lis
     assert got == [b"%d" % i for i in range(n)]
     # Stalled on delayed ACKs, each window of two would wait 40 ms: 8 s in all.
     assert took < n / 2 * DELAYED_ACK_S / 4, took
+
+
+# ---------------------------------------------------------------------------------------------
+# mqkv's own commands over TLS
+# ---------------------------------------------------------------------------------------------
+
+
+def test_mqkv_commands_reach_a_tls_listener_with_a_client_certificate(mqkv, pki):
+    server = mqkv("--listen-tls", f"{HOST}:0",
+                  *tls_flags(pki, "--tls-client-ca", pki.ca.cert_path, "--tls-require-client-cert"))
+    port = str(server.endpoints["tls"])
+
+    def mqkv_cli(*args, tls=("--cafile", pki.ca.cert_path, "--cert", pki.client.cert_path,
+                             "--key", pki.client.key_path)):
+        return run([MQKV_BIN, *args, "--port", port, "--timeout", "3000", *map(str, tls)])
+
+    res = mqkv_cli("set", "over-tls", "yes")
+    assert res.returncode == 0, res.stderr
+    res = mqkv_cli("get", "over-tls")
+    assert (res.returncode, res.stdout) == (0, b"yes\n"), res.stderr
+    res = mqkv_cli("reload")
+    assert (res.returncode, res.stdout.strip()) == (0, b"reloaded"), res.stderr
+    # The same port without a client certificate, or trusting another CA: refused, and said.
+    res = mqkv_cli("get", "over-tls", tls=("--cafile", pki.ca.cert_path))
+    assert res.returncode == 3 and b"cannot connect" in res.stderr, res.stderr
+    res = mqkv_cli("get", "over-tls", tls=("--cafile", pki.other_ca.cert_path, "--cert",
+                                           pki.client.cert_path, "--key", pki.client.key_path))
+    assert res.returncode == 3 and b"cannot connect" in res.stderr, res.stderr
+    # Without TLS at all, the TLS port does not answer MQTT.
+    res = mqkv_cli("get", "over-tls", tls=())
+    assert res.returncode == 3, res.stderr
+    # A key without a certificate is a usage error.
+    res = mqkv_cli("get", "over-tls", tls=("--cafile", pki.ca.cert_path, "--key",
+                                           pki.client.key_path))
+    assert res.returncode != 0 and b"--cert" in res.stderr, res.stderr
+    # A file that is not a CA certificate is named.
+    res = mqkv_cli("get", "over-tls", tls=("--cafile", pki.client.key_path))
+    assert res.returncode == 3 and str(pki.client.key_path).encode() in res.stderr, res.stderr

@@ -128,6 +128,9 @@ impl Shared {
         if let Some((user, password)) = &options.credentials {
             mqtt_options.set_credentials(user, password);
         }
+        if let Some(tls) = &options.tls {
+            mqtt_options.set_transport(tls.transport());
+        }
         // Requests are small and answered one by one: with Nagle's algorithm
         // on, a request written right after the PUBACK of the previous answer
         // waited for the broker's delayed ACK (40 ms) before it left.

@@ -19,6 +19,7 @@
 //! | [`Lease`] | acquire, renew (once or in the background), release, holder, fencing token |
 //! | [`Lock`] | wait for a lease, woken by the holder's DELETE |
 //! | [`LeaderElection`] | campaign, resign, follow the leader |
+//! | [`TlsSettings`] | TLS to the broker: its CA, and a client certificate ([`ClientOptions::tls`]) |
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -52,6 +53,7 @@ mod observe;
 mod options;
 mod pattern;
 mod scan;
+mod tls;
 mod watch;
 
 pub use client::{
@@ -66,3 +68,4 @@ pub use observe::{KeyNotification, Observation, Operation};
 pub use options::{ClientOptions, DelOptions, SetOptions};
 pub use pattern::PatternObservation;
 pub use scan::KeyPager;
+pub use tls::TlsSettings;

@@ -30,6 +30,7 @@ pub struct ClientOptions {
     pub(crate) connect_timeout: Duration,
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
+    pub(crate) tls: Option<crate::TlsSettings>,
 }
 
 impl ClientOptions {
@@ -55,7 +56,15 @@ impl ClientOptions {
             connect_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(2),
+            tls: None,
         }
+    }
+
+    /// Connects over TLS with these settings (see [`TlsSettings`](crate::TlsSettings)),
+    /// to a TLS listener (port 8883 by convention).
+    pub fn tls(mut self, tls: crate::TlsSettings) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// The MQTT client id. It is also the observer identity for

@@ -180,6 +180,9 @@ async fn ask(conn: &ConnectionArgs, request: Value) -> anyhow::Result<Value> {
         .unwrap_or_else(|| format!("mqkv-cluster-{:016x}", rand::random::<u64>()));
     let mut options = MqttOptions::new(client_id.clone(), conn.host.clone(), conn.port);
     options.set_keep_alive(Duration::from_secs(30));
+    if let Some(tls) = conn.tls()? {
+        options.set_transport(tls.transport());
+    }
     match (&conn.username, &conn.password) {
         (Some(user), password) => {
             options.set_credentials(user.clone(), password.clone().unwrap_or_default());
