@@ -422,4 +422,5 @@ def test_mqkv_reload_reads_the_policy_again(mqkv, tmp_path, users):
     res = run(reload)
     assert res.returncode != 0
     assert "1 file(s) failed" in res.stderr.decode(), res.stderr
+    assert f"(policy {policy})" in res.stderr.decode(), res.stderr
     login(server, "bob", "bob-2")

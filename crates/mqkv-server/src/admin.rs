@@ -119,9 +119,11 @@ impl Service for AdminService {
                     Some(reloader) => {
                         tracing::info!("reload asked for: reading the TLS files, the password file, the token keys and the policy again");
                         match tokio::task::spawn_blocking(move || reloader.reload()).await {
-                            Ok(0) => json!({ "ok": true }),
-                            Ok(n) => refused(format!(
-                                "{n} file(s) failed to load and stay as they were; the server log says why"
+                            Ok(failed) if failed.is_empty() => json!({ "ok": true }),
+                            Ok(failed) => refused(format!(
+                                "{} file(s) failed to load and stay as they were ({}); the server log says why",
+                                failed.len(),
+                                failed.join(", ")
                             )),
                             Err(e) => refused(format!("reload failed: {e}")),
                         }

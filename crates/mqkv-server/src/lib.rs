@@ -360,8 +360,9 @@ impl Server {
     }
 
     /// Reads the TLS listeners' certificates, keys and CA bundles, the password file, the
-    /// token keys and the policy again (see [`reload::Reloader`]). Returns how many failed.
-    pub fn reload(&self) -> usize {
+    /// token keys and the policy again (see [`reload::Reloader`]). Returns the parts that
+    /// failed, by name and first file.
+    pub fn reload(&self) -> Vec<String> {
         self.reloader.reload()
     }
 

@@ -255,16 +255,18 @@ impl Reloader {
         parts
     }
 
-    /// Reads every file again; returns how many parts failed to load.
-    pub fn reload(&self) -> usize {
+    /// Reads every file again; returns the parts that failed to load, each as its name and
+    /// first file (`policy /etc/mqkv/policy.yaml`).
+    pub fn reload(&self) -> Vec<String> {
         let mut state = self.state.lock();
-        let mut failed = 0;
+        let mut failed = Vec::new();
         for (part, files) in self.parts() {
             let s = state.entry(part).or_default();
             s.loaded = stamp(&files);
             s.changing = None;
             if !self.load(part, &files, s) {
-                failed += 1;
+                let file = files.first().map(|f| f.display().to_string());
+                failed.push(format!("{} {}", part.name(), file.unwrap_or_default()));
             }
         }
         failed
