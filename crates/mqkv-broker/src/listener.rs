@@ -26,7 +26,7 @@ pub(crate) async fn listen(
             tracing::warn!(%addr, "PROXY protocol listener that takes headers from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
         }
         if transport.forwarded().is_some_and(|f| f.from.is_empty()) {
-            tracing::warn!(%addr, "listener that takes X-Forwarded-For and Forwarded from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
+            tracing::warn!(%addr, "WebSocket listener that takes a forwarding header from anyone: a client that reaches it directly can claim any address; list the proxies in proxy_from");
         }
     }
     let transport = Arc::new(transport);

@@ -121,6 +121,16 @@ struct Outcome {
     failures: u64,
 }
 
+impl Default for Outcome {
+    /// A part loaded at start, without failures.
+    fn default() -> Outcome {
+        Outcome {
+            ok: true,
+            failures: 0,
+        }
+    }
+}
+
 impl PartState {
     /// Takes what the part's files hold now. True when that is a change to load: it differs
     /// from what was loaded, and the check before found the same; it then counts as loaded.
@@ -195,27 +205,19 @@ impl Reloader {
             state: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(HashMap::new()),
         };
-        let mut state = HashMap::new();
-        let mut outcomes = HashMap::new();
-        for (part, files) in reloader.parts() {
-            let loaded = at_start.of(&files);
-            state.insert(
-                part,
-                PartState {
-                    loaded,
-                    changing: None,
-                },
-            );
-            outcomes.insert(
-                part,
-                Outcome {
-                    ok: true,
-                    failures: 0,
-                },
-            );
-        }
-        *reloader.state.lock() = state;
-        *reloader.outcomes.lock() = outcomes;
+        let parts = reloader.parts();
+        *reloader.state.lock() = parts
+            .iter()
+            .map(|(part, files)| {
+                let loaded = at_start.of(files);
+                let changing = None;
+                (*part, PartState { loaded, changing })
+            })
+            .collect();
+        *reloader.outcomes.lock() = parts
+            .iter()
+            .map(|(part, _)| (*part, Outcome::default()))
+            .collect();
         reloader.warn_of_expiry(unix_now());
         reloader
     }
@@ -307,10 +309,7 @@ impl Reloader {
             s.changing = Some(after);
         }
         let mut outcomes = self.outcomes.lock();
-        let outcome = outcomes.entry(part).or_insert(Outcome {
-            ok: true,
-            failures: 0,
-        });
+        let outcome = outcomes.entry(part).or_default();
         outcome.ok = ok;
         if !ok {
             outcome.failures += 1;

@@ -6,14 +6,14 @@
 //! the connection: pings are answered, fragmented messages put together, and messages over
 //! the size limit refused.
 
+use std::net::SocketAddr;
+
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
-
-use std::net::SocketAddr;
 
 use super::origin::{self, Origins, Page};
 use super::{Forwarded, Io};
