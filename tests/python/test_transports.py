@@ -750,3 +750,48 @@ def test_mqkv_commands_reach_a_tls_listener_with_a_client_certificate(mqkv, pki)
     # A file that is not a CA certificate is named.
     res = mqkv_cli("get", "over-tls", tls=("--cafile", pki.client.key_path))
     assert res.returncode == 3 and str(pki.client.key_path).encode() in res.stderr, res.stderr
+
+
+def test_mqkv_commands_reach_websocket_listeners(mqkv, pki):
+    config = f"""
+[[listeners]]
+kind = "wss"
+address = "{HOST}:0"
+cert = "{pki.server.cert_path}"
+key = "{pki.server.key_path}"
+path = "/custom"
+
+[[listeners]]
+kind = "ws"
+address = "{HOST}:0"
+"""
+    server = mqkv(config=config, listeners=2)
+
+    def mqkv_cli(kind, *args):
+        return run([MQKV_BIN, *args, "--port", str(server.endpoints[kind]), "--timeout", "3000"])
+
+    res = mqkv_cli("ws", "set", "over-ws", "yes", "--ws")
+    assert res.returncode == 0, res.stderr
+    res = mqkv_cli("ws", "get", "over-ws", "--ws=/mqtt")
+    assert (res.returncode, res.stdout) == (0, b"yes\n"), res.stderr
+    # The administrative requests (their own MQTT exchange) go over WebSocket too.
+    res = mqkv_cli("ws", "reload", "--ws")
+    assert (res.returncode, res.stdout.strip()) == (0, b"reloaded"), res.stderr
+    # Secure WebSocket on its own path: the value written over plain WebSocket is there.
+    res = mqkv_cli("wss", "get", "over-ws", "--ws=/custom", "--cafile", pki.ca.cert_path)
+    assert (res.returncode, res.stdout) == (0, b"yes\n"), res.stderr
+    res = mqkv_cli("wss", "set", "over-wss", "also", "--ws=/custom", "--cafile", pki.ca.cert_path)
+    assert res.returncode == 0, res.stderr
+    assert mqkv_cli("tcp", "get", "over-wss").stdout == b"also\n"
+    # A path the listener does not serve, a CA that did not sign the server's certificate, and
+    # WebSocket to a plain MQTT port: refused, and said.
+    for kind, flags in [("wss", ["--ws=/mqtt", "--cafile", pki.ca.cert_path]),
+                        ("wss", ["--ws=/custom", "--cafile", pki.other_ca.cert_path]),
+                        ("ws", ["--ws=/custom"]),
+                        ("tcp", ["--ws"])]:
+        res = mqkv_cli(kind, "get", "over-ws", *flags)
+        assert res.returncode == 3 and b"cannot connect" in res.stderr, (flags, res.stderr)
+    # A path that is not one is a usage error, named before anything is sent.
+    res = mqkv_cli("ws", "get", "over-ws", "--ws=mqtt")
+    assert res.returncode != 0 and b"must start with '/'" in res.stderr, res.stderr
+    assert server.alive()

@@ -25,7 +25,7 @@ use mqkv_protocol::{
 };
 use rumqttc::v5::mqttbytes::v5::{Filter, Packet, Publish, PublishProperties, SubscribeReasonCode};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop, MqttOptions};
+use rumqttc::v5::{AsyncClient, ConnectionError, Event, EventLoop};
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
@@ -37,8 +37,6 @@ use crate::options::ClientOptions;
 /// The largest packet MQTT can carry; asked of the broker as our own limit,
 /// so large values are never refused on the way in.
 const MQTT_MAX_PACKET: u32 = 268_435_455;
-/// The shortest keep alive the MQTT library accepts.
-const MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 /// Requests the MQTT event loop can queue before publishers wait.
 const CHANNEL_CAPACITY: usize = 256;
 /// Bytes of a request packet other than payload, topics and user property
@@ -119,18 +117,11 @@ impl Shared {
                 "client id {client_id:?} must be non-empty and free of '/', '+' and '#'"
             )));
         }
-        let mut mqtt_options = MqttOptions::new(&client_id, &options.host, options.port);
+        let mut mqtt_options = options.mqtt_options()?;
         mqtt_options
-            .set_keep_alive(options.keep_alive.max(MIN_KEEP_ALIVE))
             .set_clean_start(true)
             .set_max_packet_size(Some(MQTT_MAX_PACKET))
             .set_connection_timeout(options.connect_timeout.as_secs().max(1));
-        if let Some((user, password)) = &options.credentials {
-            mqtt_options.set_credentials(user, password);
-        }
-        if let Some(tls) = &options.tls {
-            mqtt_options.set_transport(tls.transport());
-        }
         // Requests are small and answered one by one: with Nagle's algorithm
         // on, a request written right after the PUBACK of the previous answer
         // waited for the broker's delayed ACK (40 ms) before it left.

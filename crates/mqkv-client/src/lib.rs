@@ -20,6 +20,7 @@
 //! | [`Lock`] | wait for a lease, woken by the holder's DELETE |
 //! | [`LeaderElection`] | campaign, resign, follow the leader |
 //! | [`TlsSettings`] | TLS to the broker: its CA, and a client certificate ([`ClientOptions::tls`]) |
+//! | [`ClientOptions::websocket`] | MQTT over WebSocket, or with TLS over secure WebSocket |
 //!
 //! ```no_run
 //! use std::time::Duration;

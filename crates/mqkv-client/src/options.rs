@@ -4,8 +4,14 @@ use std::time::Duration;
 
 use mqkv_protocol::Hlc;
 use mqkv_protocol::SetCondition;
+use rumqttc::v5::MqttOptions;
+use rumqttc::Transport;
 
 use crate::clock::random_uuid;
+use crate::error::{Error, Result};
+
+/// The shortest keep alive the MQTT library accepts.
+const MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 /// Connection settings for [`Client::connect`](crate::Client::connect).
 ///
@@ -31,6 +37,7 @@ pub struct ClientOptions {
     pub(crate) reconnect_min: Duration,
     pub(crate) reconnect_max: Duration,
     pub(crate) tls: Option<crate::TlsSettings>,
+    pub(crate) websocket: Option<String>,
 }
 
 impl ClientOptions {
@@ -57,6 +64,7 @@ impl ClientOptions {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(2),
             tls: None,
+            websocket: None,
         }
     }
 
@@ -64,6 +72,22 @@ impl ClientOptions {
     /// to a TLS listener (port 8883 by convention).
     pub fn tls(mut self, tls: crate::TlsSettings) -> Self {
         self.tls = Some(tls);
+        self
+    }
+
+    /// Connects over WebSocket to the listener's `path` (`/mqtt` on mqkv's WebSocket
+    /// listeners), asking for the `mqtt` subprotocol; with [`tls`](Self::tls) as well, over
+    /// secure WebSocket (`wss`). The port is the WebSocket listener's.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let options = ClientOptions::new("127.0.0.1", 8080).websocket("/mqtt");
+    /// let mqtt = options.mqtt_options().unwrap();
+    /// assert_eq!(mqtt.broker_address().0, "ws://127.0.0.1:8080/mqtt");
+    /// ```
+    pub fn websocket(mut self, path: impl Into<String>) -> Self {
+        self.websocket = Some(path.into());
         self
     }
 
@@ -162,6 +186,57 @@ impl ClientOptions {
         self.reconnect_min = min;
         self.reconnect_max = max.max(min);
         self
+    }
+
+    /// The MQTT library's settings for these options: the broker's address and transport
+    /// (TCP, TLS, WebSocket or secure WebSocket), the client id, the credentials and the keep
+    /// alive. For a program that also speaks plain MQTT (with `rumqttc`) to the same broker.
+    ///
+    /// ```
+    /// use mqkv_client::ClientOptions;
+    ///
+    /// let mqtt = ClientOptions::new("::1", 8080).client_id("pump-7").websocket("/mqtt")
+    ///     .mqtt_options()
+    ///     .unwrap();
+    /// assert_eq!(mqtt.broker_address().0, "ws://[::1]:8080/mqtt");
+    /// assert_eq!(mqtt.client_id(), "pump-7");
+    /// assert!(ClientOptions::new("127.0.0.1", 8080).websocket("mqtt").mqtt_options().is_err());
+    /// ```
+    pub fn mqtt_options(&self) -> Result<MqttOptions> {
+        let mut mqtt = match &self.websocket {
+            None => {
+                let mut mqtt = MqttOptions::new(&self.client_id, &self.host, self.port);
+                if let Some(tls) = &self.tls {
+                    mqtt.set_transport(tls.transport());
+                }
+                mqtt
+            }
+            Some(path) => {
+                if !path.starts_with('/') || !path.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "WebSocket path {path:?} must start with '/' and hold no spaces"
+                    )));
+                }
+                let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+                let host = if self.host.contains(':') && !self.host.starts_with('[') {
+                    format!("[{}]", self.host)
+                } else {
+                    self.host.clone()
+                };
+                let url = format!("{scheme}://{host}:{}{path}", self.port);
+                let mut mqtt = MqttOptions::new(&self.client_id, url, self.port);
+                mqtt.set_transport(match &self.tls {
+                    Some(tls) => Transport::Wss(tls.configuration()),
+                    None => Transport::Ws,
+                });
+                mqtt
+            }
+        };
+        mqtt.set_keep_alive(self.keep_alive.max(MIN_KEEP_ALIVE));
+        if let Some((user, password)) = &self.credentials {
+            mqtt.set_credentials(user, password);
+        }
+        Ok(mqtt)
     }
 }
 

@@ -62,7 +62,12 @@ impl TlsSettings {
 
     /// The transport for an MQTT client (rumqttc) that connects with these settings.
     pub fn transport(&self) -> Transport {
-        Transport::tls_with_config(TlsConfiguration::Rustls(self.config.clone()))
+        Transport::tls_with_config(self.configuration())
+    }
+
+    /// The MQTT library's TLS settings.
+    pub(crate) fn configuration(&self) -> TlsConfiguration {
+        TlsConfiguration::Rustls(self.config.clone())
     }
 }
 

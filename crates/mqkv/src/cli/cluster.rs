@@ -8,7 +8,7 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
 use rumqttc::v5::mqttbytes::QoS;
-use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+use rumqttc::v5::{AsyncClient, Event};
 use serde_json::{json, Value};
 
 use super::conn::ConnectionArgs;
@@ -178,18 +178,10 @@ async fn ask(conn: &ConnectionArgs, request: Value) -> anyhow::Result<Value> {
         .client_id
         .clone()
         .unwrap_or_else(|| format!("mqkv-cluster-{:016x}", rand::random::<u64>()));
-    let mut options = MqttOptions::new(client_id.clone(), conn.host.clone(), conn.port);
-    options.set_keep_alive(Duration::from_secs(30));
-    if let Some(tls) = conn.tls()? {
-        options.set_transport(tls.transport());
-    }
-    match (&conn.username, &conn.password) {
-        (Some(user), password) => {
-            options.set_credentials(user.clone(), password.clone().unwrap_or_default());
-        }
-        (None, Some(_)) => bail!("--password needs --username"),
-        (None, None) => {}
-    }
+    let options = conn
+        .options()?
+        .client_id(client_id.clone())
+        .mqtt_options()?;
     let (client, mut events) = AsyncClient::new(options, 16);
     let response_topic = format!("mqkv-cli/{client_id}/cluster");
     let correlation = Bytes::from(rand::random::<u64>().to_be_bytes().to_vec());

@@ -30,6 +30,17 @@ pub struct ConnectionArgs {
     /// the system's bundle); give the TLS listener's port with --port.
     #[arg(long, env = "MQKV_CAFILE", value_name = "FILE")]
     pub cafile: Option<PathBuf>,
+    /// Connects over WebSocket, to the path given (`--ws=/path`) or to `/mqtt`; with
+    /// --cafile, over secure WebSocket. Give the WebSocket listener's port with --port.
+    #[arg(
+        long,
+        env = "MQKV_WS",
+        value_name = "PATH",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "/mqtt"
+    )]
+    pub ws: Option<String>,
     /// A client certificate chain (PEM) for a TLS listener that asks for one; needs --key.
     #[arg(
         long = "cert",
@@ -64,6 +75,9 @@ impl ConnectionArgs {
             .request_timeout(Duration::from_millis(self.timeout));
         if let Some(tls) = self.tls()? {
             options = options.tls(tls);
+        }
+        if let Some(path) = &self.ws {
+            options = options.websocket(path.clone());
         }
         if let Some(id) = &self.client_id {
             options = options.client_id(id.clone());
