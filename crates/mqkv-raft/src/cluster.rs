@@ -2,8 +2,10 @@
 //! what it answers them.
 //!
 //! Invariant: a request is served only on a link whose other end proved it
-//! holds the cluster secret (see `wire`), so nothing else on the network
-//! can vote, append log entries, propose writes or change the membership.
+//! holds the cluster secret (see `wire`), and, with TLS settings, a
+//! certificate of the cluster's CA (see `link_tls`), so nothing else on the
+//! network can vote, append log entries, propose writes or change the
+//! membership.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -15,6 +17,7 @@ use openraft::{BasicNode, Raft};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::link_tls::LinkTls;
 use crate::peer::Peers;
 use crate::proposer::{PendingWrite, Proposals};
 use crate::route::{write_error, Route};
@@ -41,6 +44,8 @@ pub struct ClusterOptions {
     pub join: bool,
     /// The secret every node of the group shares.
     pub secret: Vec<u8>,
+    /// TLS for the links between the nodes (see [`LinkTls`]); `None` for plain TCP.
+    pub tls: Option<Arc<dyn LinkTls>>,
     /// Longest a write or a linearizable read waits for a leader that can
     /// reach a quorum before it is refused as unavailable.
     pub quorum_wait: Duration,
@@ -345,7 +350,8 @@ async fn serve_link(
     cluster: Arc<Cluster>,
 ) -> Result<(), wire::LinkError> {
     let me = cluster.peers.me();
-    let (mut reader, mut writer, node) = wire::accept(stream, cluster.peers.secret(), me).await?;
+    let (mut reader, mut writer, node) =
+        wire::accept(stream, cluster.peers.credentials(), me).await?;
     tracing::debug!(node, "cluster link from a peer");
     let (answers, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
     let writing = tokio::spawn(async move {

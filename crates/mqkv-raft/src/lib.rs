@@ -81,6 +81,7 @@
 //! | `state_machine` | a snapshot never holds part of a log entry; replay skips the hook |
 //! | `node` | a handle is given out only after recovery is complete |
 //! | `wire` | only holders of the cluster secret exchange frames; every frame is checked |
+//! | `link_tls` | with TLS settings, a link is encrypted and both ends hold a certificate of the cluster's CA |
 //! | `peer`, `rpc` | every call to another node ends, answered or failed |
 //! | `network` | raft reaches other nodes only through the peer links |
 //! | `cluster` | requests from other nodes are served only on authenticated links |
@@ -92,6 +93,7 @@ mod error;
 mod files;
 mod flavor;
 mod legacy_log;
+mod link_tls;
 mod log_file;
 mod log_store;
 mod network;
@@ -119,6 +121,7 @@ mod tests;
 pub use cluster::{AppHandler, ClusterOptions, MembershipError, DEFAULT_PIPELINE_DEPTH};
 pub use error::{OpenError, ShutdownError, WriteError};
 pub use files::FORMAT_VERSION;
+pub use link_tls::LinkTls;
 #[doc(hidden)]
 pub use log_file::replay_segment;
 pub use log_file::LOG_FORMAT;

@@ -413,7 +413,11 @@ async fn open(
         thread
             .run(async move {
                 let cluster = cluster_options.as_ref().map(|c| {
-                    let peers = Arc::new(Peers::new(node_id, Arc::from(c.secret.as_slice())));
+                    let credentials = crate::wire::Credentials {
+                        secret: Arc::from(c.secret.as_slice()),
+                        tls: c.tls.clone(),
+                    };
+                    let peers = Arc::new(Peers::new(node_id, credentials));
                     Arc::new(Cluster::new(peers, c.advertised()))
                 });
                 let network = Network {

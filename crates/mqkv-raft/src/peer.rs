@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::rpc::{self, Envelope, Request, Response};
 use crate::sync;
 use crate::types::{NodeId, TypeConfig};
-use crate::wire::{self, FrameReader, FrameWriter};
+use crate::wire::{self, Credentials, FrameReader, FrameWriter};
 
 /// Why a call got no answer.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -60,19 +60,25 @@ pub(crate) struct Peer {
     node: NodeId,
     addr: String,
     me: NodeId,
-    secret: Arc<[u8]>,
+    credentials: Credentials,
     next_id: AtomicU64,
     link: tokio::sync::Mutex<Option<Arc<Link>>>,
     blocked: Blocked,
 }
 
 impl Peer {
-    fn new(node: NodeId, addr: String, me: NodeId, secret: Arc<[u8]>, blocked: Blocked) -> Peer {
+    fn new(
+        node: NodeId,
+        addr: String,
+        me: NodeId,
+        credentials: Credentials,
+        blocked: Blocked,
+    ) -> Peer {
         Peer {
             node,
             addr,
             me,
-            secret,
+            credentials,
             next_id: AtomicU64::new(1),
             link: tokio::sync::Mutex::new(None),
             blocked,
@@ -163,7 +169,7 @@ impl Peer {
         let stream = TcpStream::connect(&self.addr)
             .await
             .map_err(|e| self.unreachable(e))?;
-        let (reader, writer, node) = wire::connect(stream, &self.secret, self.me)
+        let (reader, writer, node) = wire::connect(stream, &self.credentials, self.me, &self.addr)
             .await
             .map_err(|e| self.unreachable(e))?;
         if node != self.node {
@@ -268,16 +274,16 @@ async fn read_loop(
 /// (a node removed and added again elsewhere) gets a new link.
 pub(crate) struct Peers {
     me: NodeId,
-    secret: Arc<[u8]>,
+    credentials: Credentials,
     peers: Mutex<HashMap<NodeId, Arc<Peer>>>,
     blocked: Blocked,
 }
 
 impl Peers {
-    pub(crate) fn new(me: NodeId, secret: Arc<[u8]>) -> Peers {
+    pub(crate) fn new(me: NodeId, credentials: Credentials) -> Peers {
         Peers {
             me,
-            secret,
+            credentials,
             peers: Mutex::default(),
             blocked: Blocked::default(),
         }
@@ -297,8 +303,8 @@ impl Peers {
         self.me
     }
 
-    pub(crate) fn secret(&self) -> &Arc<[u8]> {
-        &self.secret
+    pub(crate) fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// The peer of member `node` of `raft`'s group, at the address the membership gives it;
@@ -327,7 +333,7 @@ impl Peers {
                     node,
                     addr.to_owned(),
                     self.me,
-                    self.secret.clone(),
+                    self.credentials.clone(),
                     self.blocked.clone(),
                 ));
                 peers.insert(node, peer.clone());

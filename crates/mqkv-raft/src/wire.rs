@@ -21,21 +21,22 @@
 //! HMAC-SHA-256 under the session key of the direction, the frame's
 //! sequence number and the payload. A frame that is injected, altered,
 //! replayed, dropped or reordered fails its tag and ends the connection.
-//! Payloads are not encrypted: mutual TLS, where listeners have it, adds
-//! that.
+//! Payloads are not encrypted by this; with TLS settings (see `link_tls`)
+//! the handshake and the frames travel inside mutual TLS.
 //!
 //! Invariant: nothing read from a peer is handed on before its tag has been
 //! checked, and no frame longer than [`MAX_FRAME`] is read into memory.
 
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
+use crate::link_tls::{LinkTls, ReadPart, Stream, WritePart};
 use crate::types::NodeId;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -75,6 +76,16 @@ pub(crate) enum LinkError {
     TooLong(usize),
     #[error("the handshake timed out")]
     Timeout,
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// What a node proves itself with on its links: the cluster secret, and the TLS settings
+/// when links are encrypted.
+#[derive(Debug, Clone)]
+pub(crate) struct Credentials {
+    pub(crate) secret: Arc<[u8]>,
+    pub(crate) tls: Option<Arc<dyn LinkTls>>,
 }
 
 /// What both sides agreed on.
@@ -118,20 +129,31 @@ fn nonce() -> [u8; NONCE_LEN] {
     rand::random()
 }
 
-/// The client side of a new link; returns the server's node id with it.
+/// The client side of a new link to the node at `addr`; returns the server's node id with
+/// it.
 pub(crate) async fn connect(
-    stream: TcpStream,
-    secret: &[u8],
+    tcp: TcpStream,
+    credentials: &Credentials,
     me: NodeId,
+    addr: &str,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
-    let _ = stream.set_nodelay(true);
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, client_handshake(stream, secret, me))
+    let _ = tcp.set_nodelay(true);
+    let handshake = async {
+        let stream = match &credentials.tls {
+            Some(tls) => Stream::connect(tcp, &**tls, addr)
+                .await
+                .map_err(LinkError::Tls)?,
+            None => Stream::Plain(tcp),
+        };
+        client_handshake(stream, &credentials.secret, me).await
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
         .await
         .map_err(|_| LinkError::Timeout)?
 }
 
 async fn client_handshake(
-    mut stream: TcpStream,
+    mut stream: Stream,
     secret: &[u8],
     me: NodeId,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
@@ -173,18 +195,25 @@ async fn client_handshake(
 
 /// The server side of a new link; returns the client's node id with it.
 pub(crate) async fn accept(
-    stream: TcpStream,
-    secret: &[u8],
+    tcp: TcpStream,
+    credentials: &Credentials,
     me: NodeId,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
-    let _ = stream.set_nodelay(true);
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, server_handshake(stream, secret, me))
+    let _ = tcp.set_nodelay(true);
+    let handshake = async {
+        let stream = match &credentials.tls {
+            Some(tls) => Stream::accept(tcp, &**tls).await.map_err(LinkError::Tls)?,
+            None => Stream::Plain(tcp),
+        };
+        server_handshake(stream, &credentials.secret, me).await
+    };
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
         .await
         .map_err(|_| LinkError::Timeout)?
 }
 
 async fn server_handshake(
-    mut stream: TcpStream,
+    mut stream: Stream,
     secret: &[u8],
     me: NodeId,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
@@ -218,12 +247,12 @@ async fn server_handshake(
 }
 
 fn split(
-    stream: TcpStream,
+    stream: Stream,
     session: &Session,
     incoming: Direction,
     outgoing: Direction,
 ) -> (FrameReader, FrameWriter) {
-    let (read, write) = stream.into_split();
+    let (read, write) = stream.split();
     (
         FrameReader {
             inner: BufReader::with_capacity(64 << 10, read),
@@ -260,7 +289,7 @@ impl Tagger {
 
 /// Reads checked frames.
 pub(crate) struct FrameReader {
-    inner: BufReader<OwnedReadHalf>,
+    inner: BufReader<ReadPart>,
     tagger: Tagger,
 }
 
@@ -299,7 +328,7 @@ fn verify_truncated(expected: &[u8; 32], got: &[u8; TAG_LEN]) -> bool {
 
 /// Writes tagged frames; [`FrameWriter::flush`] sends what was written.
 pub(crate) struct FrameWriter {
-    inner: BufWriter<OwnedWriteHalf>,
+    inner: BufWriter<WritePart>,
     tagger: Tagger,
 }
 
@@ -340,6 +369,13 @@ mod tests {
     use super::*;
     use tokio::net::TcpListener;
 
+    fn holding(secret: &'static [u8]) -> Credentials {
+        Credentials {
+            secret: Arc::from(secret),
+            tls: None,
+        }
+    }
+
     async fn pair(
         server_secret: &'static [u8],
         client_secret: &'static [u8],
@@ -351,10 +387,10 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.expect("accept");
-            accept(stream, server_secret, 2).await
+            accept(stream, &holding(server_secret), 2).await
         });
         let stream = TcpStream::connect(addr).await.expect("connect");
-        let client = connect(stream, client_secret, 1).await;
+        let client = connect(stream, &holding(client_secret), 1, &addr.to_string()).await;
         (client, server.await.expect("server task"))
     }
 
@@ -393,11 +429,14 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.expect("accept");
-            let (mut reader, _writer, _) = accept(stream, b"k", 2).await.expect("handshake");
+            let (mut reader, _writer, _) =
+                accept(stream, &holding(b"k"), 2).await.expect("handshake");
             reader.read().await
         });
         let stream = TcpStream::connect(addr).await.expect("connect");
-        let (_reader, mut writer, _) = connect(stream, b"k", 1).await.expect("handshake");
+        let (_reader, mut writer, _) = connect(stream, &holding(b"k"), 1, &addr.to_string())
+            .await
+            .expect("handshake");
         // A frame whose payload was changed after it was tagged.
         let tag = writer.tagger.tag(b"original");
         writer
@@ -422,7 +461,7 @@ mod tests {
         let addr = listener.local_addr().expect("addr");
         let server = tokio::spawn(async move {
             let (stream, _) = listener.accept().await.expect("accept");
-            accept(stream, b"k", 2).await.map(|_| ())
+            accept(stream, &holding(b"k"), 2).await.map(|_| ())
         });
         let mut stream = TcpStream::connect(addr).await.expect("connect");
         // An MQTT CONNECT, padded to the hello's length.

@@ -45,6 +45,7 @@ fn options(id: u64, port: u16, peers: &BTreeMap<u64, String>, join: bool) -> Nod
             peers: peers.clone(),
             join,
             secret: b"test".to_vec(),
+            tls: None,
             quorum_wait: Duration::from_secs(5),
             pipeline_depth: mqkv_raft::DEFAULT_PIPELINE_DEPTH,
         }),

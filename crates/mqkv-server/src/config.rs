@@ -2,9 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mqkv_broker::BrokerConfig;
 use serde::{Deserialize, Serialize};
+
+use crate::cluster_tls::ClusterTls;
 
 /// Where the state store keeps its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -153,6 +156,16 @@ pub struct ClusterConfig {
     /// A file holding the secret (its first line), instead of `secret`.
     #[serde(default)]
     pub secret_file: Option<PathBuf>,
+    /// This node's certificate chain (PEM) for TLS between the nodes; with `tls_key` and
+    /// `tls_ca`, every link is mutual TLS 1.3.
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of `tls_cert` (PEM).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) every node's certificate must chain to.
+    #[serde(default)]
+    pub tls_ca: Option<PathBuf>,
     /// Longest a state store request waits for a leader that can reach a quorum before it
     /// is answered with status 503, in milliseconds.
     #[serde(default = "default_quorum_wait_ms")]
@@ -196,8 +209,28 @@ pub fn parse_peer(text: &str) -> Result<(u64, String), String> {
 }
 
 impl ClusterConfig {
-    /// The options of the replicated log: peers parsed, the secret read and checked.
-    pub fn options(&self) -> Result<mqkv_raft::ClusterOptions, String> {
+    /// The TLS settings of the links between the nodes, read from their files; `None` when
+    /// the links are plain TCP.
+    pub fn tls(&self) -> Result<Option<Arc<ClusterTls>>, String> {
+        match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), Some(ca)) => {
+                Ok(Some(Arc::new(ClusterTls::load(cert, key, ca)?)))
+            }
+            _ => Err(
+                "TLS between the nodes needs a certificate, its key and the cluster's CA \
+                      (--cluster-tls-cert, --cluster-tls-key, --cluster-tls-ca)"
+                    .into(),
+            ),
+        }
+    }
+
+    /// The options of the replicated log: peers parsed, the secret read and checked, with
+    /// the links' TLS settings (see [`ClusterConfig::tls`]).
+    pub fn options(
+        &self,
+        tls: Option<Arc<ClusterTls>>,
+    ) -> Result<mqkv_raft::ClusterOptions, String> {
         if self.node_id == 0 {
             return Err("the node id must be 1 or more".into());
         }
@@ -232,7 +265,7 @@ impl ClusterConfig {
                 .to_owned(),
             (None, None) => String::new(),
         };
-        if secret.is_empty() {
+        if secret.is_empty() && tls.is_none() {
             let loopback = |addr: &str| {
                 addr.rsplit_once(':')
                     .map(|(host, _)| host.trim_start_matches('[').trim_end_matches(']'))
@@ -249,7 +282,9 @@ impl ClusterConfig {
             if !all_loopback {
                 return Err(
                     "a cluster reachable beyond this machine needs a shared secret \
-                     (--cluster-secret, --cluster-secret-file or [cluster] secret)"
+                     (--cluster-secret, --cluster-secret-file or [cluster] secret) \
+                     or TLS between the nodes (--cluster-tls-cert, --cluster-tls-key, \
+                     --cluster-tls-ca)"
                         .into(),
                 );
             }
@@ -263,6 +298,7 @@ impl ClusterConfig {
             peers,
             join: self.join,
             secret: secret.into_bytes(),
+            tls: tls.map(|t| t as Arc<dyn mqkv_raft::LinkTls>),
             quorum_wait: std::time::Duration::from_millis(self.quorum_wait_ms.max(1)),
             pipeline_depth: self.pipeline_depth.max(1),
         })
@@ -498,12 +534,54 @@ mod tests {
         )
         .expect("valid");
         let cluster = c.cluster.expect("a cluster table");
-        let options = cluster.options().expect("valid options");
+        let options = cluster.options(None).expect("valid options");
         assert_eq!(options.peers.len(), 3);
         assert_eq!(options.peers[&3], "127.0.0.1:7003");
         assert_eq!(options.secret, b"s");
         assert_eq!(options.quorum_wait, std::time::Duration::from_millis(3000));
         assert!(!options.join);
+    }
+
+    fn wide_again() -> ClusterConfig {
+        ClusterConfig {
+            node_id: 1,
+            listen: "0.0.0.0:7001".parse().expect("addr"),
+            peers: Vec::new(),
+            advertise: None,
+            join: false,
+            secret: None,
+            secret_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            quorum_wait_ms: 3000,
+            pipeline_depth: 1,
+            fault_injection: false,
+        }
+    }
+
+    /// A CA and a node certificate for 127.0.0.1 it issued, as files: (cert, key, CA).
+    fn node_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().expect("key");
+        let ca = params.self_signed(&ca_key).expect("CA");
+        let issuer = Issuer::new(params, ca_key);
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("params")
+            .signed_by(&key, &issuer)
+            .expect("certificate");
+        let paths = (
+            dir.join("node.pem"),
+            dir.join("node.key"),
+            dir.join("ca.pem"),
+        );
+        std::fs::write(&paths.0, cert.pem()).expect("write");
+        std::fs::write(&paths.1, key.serialize_pem()).expect("write");
+        std::fs::write(&paths.2, ca.pem()).expect("write");
+        paths
     }
 
     #[test]
@@ -516,38 +594,67 @@ mod tests {
             join: false,
             secret: None,
             secret_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
             quorum_wait_ms: 3000,
             pipeline_depth: 1,
             fault_injection: false,
         };
         assert!(
-            base.options().is_ok(),
+            base.options(None).is_ok(),
             "loopback without a secret is allowed"
         );
         let wide = ClusterConfig {
             listen: "0.0.0.0:7001".parse().expect("addr"),
             ..base.clone()
         };
-        let err = wide.options().expect_err("a wide listener needs a secret");
+        let err = wide
+            .options(None)
+            .expect_err("a wide listener needs a secret");
         assert!(err.contains("secret"), "{err}");
         let secret = ClusterConfig {
             secret: Some("x".into()),
             ..wide
         };
-        assert!(secret.options().is_ok());
+        assert!(secret.options(None).is_ok());
         let missing_self = ClusterConfig {
             node_id: 3,
             ..base.clone()
         };
         assert!(missing_self
-            .options()
+            .options(None)
             .expect_err("not named")
             .contains("must name this node"));
         let twice = ClusterConfig {
             peers: vec!["1=127.0.0.1:7001".into(), "1=127.0.0.1:7002".into()],
             ..base.clone()
         };
-        assert!(twice.options().expect_err("twice").contains("twice"));
+        assert!(twice.options(None).expect_err("twice").contains("twice"));
+        // TLS between the nodes stands in for the secret beyond loopback; its settings come
+        // whole or not at all.
+        let dir = tempfile::tempdir().expect("a directory");
+        let (cert, key, ca) = node_certificate(dir.path());
+        let tls = ClusterConfig {
+            tls_cert: Some(cert.clone()),
+            tls_key: Some(key.clone()),
+            tls_ca: Some(ca.clone()),
+            ..wide_again()
+        };
+        let loaded = tls.tls().expect("the files load").expect("TLS asked for");
+        let options = tls.options(Some(loaded)).expect("TLS without a secret");
+        assert!(options.tls.is_some() && options.secret.is_empty());
+        let half = ClusterConfig {
+            tls_ca: None,
+            ..tls.clone()
+        };
+        assert!(half.tls().expect_err("no CA").contains("--cluster-tls-ca"));
+        let swapped = ClusterConfig {
+            tls_cert: Some(ca),
+            tls_key: Some(key),
+            ..tls
+        };
+        assert!(swapped.tls().expect_err("not a fit").contains("do not fit"));
         for bad in [
             "x=127.0.0.1:1",
             "1",

@@ -1,6 +1,7 @@
 //! The mqkv server: configuration, the broker, and the state store service wired together.
 
 pub mod admin;
+pub mod cluster_tls;
 pub mod config;
 pub mod dashboard;
 pub mod federation;
@@ -85,8 +86,15 @@ impl Server {
         broker_config.connection_threads = config.workers.unwrap_or(0);
         broker_config.pin_connection_threads = config.pin_workers;
         broker_config.batch_connection_threads = config.batch_scheduling;
+        let cluster_tls = match &config.cluster {
+            Some(c) => c.tls().map_err(StartError::Cluster)?,
+            None => None,
+        };
         let cluster = match &config.cluster {
-            Some(c) => Some(c.options().map_err(StartError::Cluster)?),
+            Some(c) => Some(
+                c.options(cluster_tls.clone())
+                    .map_err(StartError::Cluster)?,
+            ),
             None => None,
         };
         if !config.broker.users.is_empty() {
@@ -275,6 +283,7 @@ impl Server {
         let reloader = Arc::new(reload::Reloader::new(
             broker.clone(),
             tls,
+            cluster_tls,
             passwords,
             config.tokens.clone().map(|t| (t, tokens)),
             policy.map(|(path, _)| path),

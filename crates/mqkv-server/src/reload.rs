@@ -1,5 +1,6 @@
-//! Reading the server's files again while it runs: TLS certificates and keys, the password
-//! file, the token keys and the policy. SIGHUP and `mqkv reload` read every file again;
+//! Reading the server's files again while it runs: TLS certificates and keys (of the
+//! listeners, and of the links between cluster nodes), the password file, the token keys and
+//! the policy. SIGHUP and `mqkv reload` read every file again;
 //! [`Reloader::reload_changed`] (run every few seconds, see [`crate::watch`]) reads a part
 //! again once its files have changed. Connected clients stay; a new policy applies to their
 //! next operation. A file that fails to load is reported in the log and in `/metrics`, and
@@ -16,6 +17,7 @@ use mqkv_broker::auth::PasswordStore;
 use mqkv_broker::tokens::{TokenStore, TokenVerifier};
 use mqkv_broker::Broker;
 
+use crate::cluster_tls::ClusterTls;
 use crate::config::{ServerConfig, TokenConfig};
 use crate::policy::Policy;
 use crate::statestore::Notifier;
@@ -33,6 +35,8 @@ pub enum Part {
     Policy,
     /// The TLS settings of some TLS listeners, by their place in [`Reloader`]'s list.
     Tls(usize),
+    /// The TLS settings of the links between cluster nodes.
+    ClusterTls,
 }
 
 impl Part {
@@ -43,6 +47,7 @@ impl Part {
             Part::Tokens => "tokens",
             Part::Policy => "policy",
             Part::Tls(_) => "tls",
+            Part::ClusterTls => "cluster_tls",
         }
     }
 }
@@ -88,6 +93,9 @@ impl StartStamps {
                     .into_iter()
                     .flatten(),
             );
+        }
+        if let Some(c) = &config.cluster {
+            files.extend([&c.tls_cert, &c.tls_key, &c.tls_ca].into_iter().flatten());
         }
         let stamps = files
             .into_iter()
@@ -169,6 +177,8 @@ pub struct Reloader {
     broker: Broker,
     /// The TLS settings of the TLS listeners.
     tls: Vec<Arc<mqkv_broker::Tls>>,
+    /// The TLS settings of the links between cluster nodes.
+    cluster_tls: Option<Arc<ClusterTls>>,
     /// The password file and the users read from it.
     passwords: Option<(PathBuf, Arc<PasswordStore>)>,
     /// The token settings and the keys read for them.
@@ -186,9 +196,11 @@ pub struct Reloader {
 impl Reloader {
     /// The reloader of what the server has just loaded from files that held `at_start`.
     /// Warns of server certificates that expire soon.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         broker: Broker,
         tls: Vec<Arc<mqkv_broker::Tls>>,
+        cluster_tls: Option<Arc<ClusterTls>>,
         passwords: Option<(PathBuf, Arc<PasswordStore>)>,
         tokens: Option<(TokenConfig, Arc<TokenStore>)>,
         policy: Option<PathBuf>,
@@ -198,6 +210,7 @@ impl Reloader {
         let reloader = Reloader {
             broker,
             tls,
+            cluster_tls,
             passwords,
             tokens,
             policy,
@@ -254,6 +267,9 @@ impl Reloader {
             .collect();
             parts.push((Part::Tls(i), files));
         }
+        if let Some(tls) = &self.cluster_tls {
+            parts.push((Part::ClusterTls, tls.files()));
+        }
         parts
     }
 
@@ -303,6 +319,7 @@ impl Reloader {
             Part::Tokens => self.load_tokens(),
             Part::Policy => self.load_policy(),
             Part::Tls(i) => self.load_tls(i),
+            Part::ClusterTls => self.load_cluster_tls(),
         };
         let after = stamp(files);
         if after != s.loaded {
@@ -388,11 +405,37 @@ impl Reloader {
         }
     }
 
+    fn load_cluster_tls(&self) -> bool {
+        let Some(tls) = &self.cluster_tls else {
+            return true;
+        };
+        let files = tls.files();
+        let cert = files.first().map(|f| f.display().to_string());
+        match tls.reload() {
+            Ok(()) => {
+                tracing::info!(cert, "the cluster's TLS certificate and key reloaded");
+                if let Some(cert) = files.first() {
+                    warn_of_expiry(cert, tls.not_after(), unix_now());
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(cert, error = %e, "the cluster's TLS reload failed; the previous certificate stays in use");
+                false
+            }
+        }
+    }
+
     /// Logs a warning for each server certificate in use that expires within 14 days, and an
     /// error for each one that has expired; `now` in seconds since the Unix epoch.
     pub fn warn_of_expiry(&self, now: i64) {
         for tls in &self.tls {
             warn_of_expiry(&tls.files().cert, tls.not_after(), now);
+        }
+        if let Some(tls) = &self.cluster_tls {
+            if let Some(cert) = tls.files().first() {
+                warn_of_expiry(cert, tls.not_after(), now);
+            }
         }
     }
 
@@ -411,6 +454,7 @@ impl Reloader {
                 failures: o.map_or(0, |o| o.failures),
                 not_after: match part {
                     Part::Tls(i) => self.tls.get(i).map(|t| t.not_after()),
+                    Part::ClusterTls => self.cluster_tls.as_ref().map(|t| t.not_after()),
                     _ => None,
                 },
             };

@@ -223,6 +223,16 @@ struct ServeArgs {
     /// Cluster: a file whose first line is the shared secret.
     #[arg(long, value_name = "FILE", help_heading = "Cluster")]
     cluster_secret_file: Option<PathBuf>,
+    /// Cluster: this node's certificate chain (PEM) for TLS between the nodes; with
+    /// --cluster-tls-key and --cluster-tls-ca every link is mutual TLS.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    cluster_tls_cert: Option<PathBuf>,
+    /// Cluster: the private key (PEM) of --cluster-tls-cert.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    cluster_tls_key: Option<PathBuf>,
+    /// Cluster: the CA certificates (PEM) every node's certificate must chain to.
+    #[arg(long, value_name = "FILE", help_heading = "Cluster")]
+    cluster_tls_ca: Option<PathBuf>,
     /// Cluster: longest a state store request waits for a leader with a quorum before it is
     /// answered with status 503 (default 3000).
     #[arg(long, value_name = "MS", help_heading = "Cluster")]
@@ -435,6 +445,9 @@ impl ServeArgs {
             || self.join
             || self.cluster_secret.is_some()
             || self.cluster_secret_file.is_some()
+            || self.cluster_tls_cert.is_some()
+            || self.cluster_tls_key.is_some()
+            || self.cluster_tls_ca.is_some()
             || self.quorum_wait_ms.is_some()
             || self.pipeline_depth.is_some()
             || self.fault_injection;
@@ -453,6 +466,9 @@ impl ServeArgs {
                         join: false,
                         secret: None,
                         secret_file: None,
+                        tls_cert: None,
+                        tls_key: None,
+                        tls_ca: None,
                         quorum_wait_ms: 3_000,
                         pipeline_depth: mqkv_server::DEFAULT_PIPELINE_DEPTH,
                         fault_injection: false,
@@ -485,6 +501,15 @@ impl ServeArgs {
             if let Some(v) = self.cluster_secret_file {
                 cluster.secret_file = Some(v);
                 cluster.secret = None;
+            }
+            if let Some(v) = self.cluster_tls_cert {
+                cluster.tls_cert = Some(v);
+            }
+            if let Some(v) = self.cluster_tls_key {
+                cluster.tls_key = Some(v);
+            }
+            if let Some(v) = self.cluster_tls_ca {
+                cluster.tls_ca = Some(v);
             }
             if let Some(v) = self.quorum_wait_ms {
                 cluster.quorum_wait_ms = v;

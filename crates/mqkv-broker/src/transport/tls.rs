@@ -116,6 +116,12 @@ impl Tls {
         self.current.read().not_after
     }
 
+    /// The rustls settings the files make, as last loaded: for TLS that is not an MQTT
+    /// listener's (the links between cluster nodes).
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.current.read().config.clone()
+    }
+
     /// Runs the server side of a TLS handshake.
     pub(crate) async fn accept(&self, tcp: TcpStream) -> std::io::Result<TlsStream<Socket>> {
         let config = self.current.read().config.clone();

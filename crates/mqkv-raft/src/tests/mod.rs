@@ -203,3 +203,4 @@ mod model;
 mod openraft_suite;
 mod restart;
 mod snapshots;
+mod tls_links;

@@ -48,6 +48,12 @@ impl TestCluster {
 
     /// `n` durable nodes that form one group, each started with `extra` flags.
     pub fn start(name: &str, n: u64, extra: &[&str]) -> TestCluster {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Self::start_each(name, n, |_| extra.clone())
+    }
+
+    /// `n` durable nodes that form one group, node `id` started with `extra(id)` flags.
+    pub fn start_each(name: &str, n: u64, extra: impl Fn(u64) -> Vec<String>) -> TestCluster {
         let root = Self::root(name);
         let mut nodes: Vec<Node> = (1..=n)
             .map(|id| Node {
@@ -56,7 +62,7 @@ impl TestCluster {
                 cluster_port: free_port(),
                 dir: root.join(format!("n{id}")),
                 process: None,
-                extra: extra.iter().map(|s| s.to_string()).collect(),
+                extra: extra(id),
             })
             .collect();
         let peers = nodes
