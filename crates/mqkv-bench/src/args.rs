@@ -134,6 +134,11 @@ pub(crate) struct Args {
     /// `--cluster-arg=--pipeline-depth=1`.
     #[arg(long = "cluster-arg", allow_hyphen_values = true)]
     pub(crate) cluster_args: Vec<String>,
+    /// With `--cluster`: the links between the nodes over mutual TLS, for both clusters
+    /// (mqkv's `--cluster-tls-*`, etcd's `--peer-cert-file` and `--peer-client-cert-auth`),
+    /// with a test CA and certificate made for the run.
+    #[arg(long, requires = "cluster")]
+    pub(crate) cluster_tls: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {

@@ -28,6 +28,7 @@ use crate::etcd::EtcdClient;
 use crate::report::{new_histogram, Latency};
 use crate::servers::{find_executable, process_cpu_seconds};
 use crate::store::StoreClient;
+use crate::wire::Certs;
 use crate::workloads::{connect_all, drive_measuring, Settings, Worker};
 use mqkv_testkit::free_port;
 
@@ -120,15 +121,16 @@ impl Group {
         Ok(group)
     }
 
-    /// Three etcd members forming one cluster.
-    pub fn start_etcd(bin: &Path, scratch: &Path) -> Result<Group> {
+    /// Three etcd members forming one cluster; with `tls`, their peer links are mutual TLS.
+    pub fn start_etcd(bin: &Path, scratch: &Path, tls: Option<&Certs>) -> Result<Group> {
+        let peer_scheme = if tls.is_some() { "https" } else { "http" };
         let dir = scratch.join("etcd-cluster");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let clients: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
         let peers: Vec<u16> = (0..MEMBERS).map(|_| free_port()).collect();
         let initial = (0..MEMBERS)
-            .map(|i| format!("e{}=http://127.0.0.1:{}", i + 1, peers[i]))
+            .map(|i| format!("e{}={peer_scheme}://127.0.0.1:{}", i + 1, peers[i]))
             .collect::<Vec<_>>()
             .join(",");
         let mut group = Group {
@@ -139,8 +141,18 @@ impl Group {
         };
         for i in 0..MEMBERS {
             let client_url = format!("http://127.0.0.1:{}", clients[i]);
-            let peer_url = format!("http://127.0.0.1:{}", peers[i]);
-            let child = Command::new(bin)
+            let peer_url = format!("{peer_scheme}://127.0.0.1:{}", peers[i]);
+            let mut cmd = Command::new(bin);
+            if let Some(c) = tls {
+                cmd.arg("--peer-cert-file")
+                    .arg(&c.cert)
+                    .arg("--peer-key-file")
+                    .arg(&c.key)
+                    .arg("--peer-trusted-ca-file")
+                    .arg(&c.ca)
+                    .arg("--peer-client-cert-auth");
+            }
+            let child = cmd
                 .args(["--name", &format!("e{}", i + 1)])
                 .arg("--data-dir")
                 .arg(dir.join(format!("e{}", i + 1)))
@@ -382,6 +394,8 @@ pub struct Plan {
     pub mqkv_args: Vec<String>,
     /// Extra arguments for the cluster's nodes, not the single node.
     pub cluster_args: Vec<String>,
+    /// The links between the nodes over mutual TLS, in both clusters.
+    pub tls: bool,
     pub out: PathBuf,
     pub install: bool,
 }
@@ -407,16 +421,30 @@ pub fn run(plan: &Plan) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    let certs = match plan.tls {
+        true => Some(Certs::make(&scratch.join("certs")).context("making test certificates")?),
+        false => None,
+    };
     let mut rows = Vec::new();
     {
-        let args: Vec<String> = plan
+        let mut args: Vec<String> = plan
             .mqkv_args
             .iter()
             .chain(&plan.cluster_args)
             .cloned()
             .collect();
+        if let Some(c) = &certs {
+            for (flag, file) in [
+                ("--cluster-tls-cert", &c.cert),
+                ("--cluster-tls-key", &c.key),
+                ("--cluster-tls-ca", &c.ca),
+            ] {
+                args.push(flag.to_owned());
+                args.push(file.display().to_string());
+            }
+        }
         let mqkv = Group::start_mqkv(&plan.mqkv, &args, &scratch, MEMBERS)?;
-        let etcd = Group::start_etcd(&etcd, &scratch)?;
+        let etcd = Group::start_etcd(&etcd, &scratch, certs.as_ref())?;
         rt.block_on(async {
             mqkv.wait_ready(plan.value_size).await?;
             etcd.wait_ready(plan.value_size).await
@@ -497,6 +525,7 @@ fn write_results(
         "seconds_per_turn": plan.settings.duration.as_secs_f64(),
         "repeat": plan.repeat,
         "etcd_version": etcd_version,
+        "links_over_tls": plan.tls,
         "cluster": rows.iter().map(|(read, n, [m, e])| json!({
             "op": op(*read),
             "clients": n,
@@ -516,10 +545,15 @@ fn write_results(
     )?;
     let mut md = String::new();
     md.push_str(&format!(
-        "Three mqkv nodes against a three-member etcd cluster ({}), durable writes and \
+        "Three mqkv nodes against a three-member etcd cluster ({}){}, durable writes and \
          linearizable reads of {}-byte values, one request in flight per client, \
          {} s turns A B B A x{}.\n\n",
         etcd_version.as_deref().unwrap_or("etcd"),
+        if plan.tls {
+            ", the links between the nodes over mutual TLS in both"
+        } else {
+            ""
+        },
         plan.value_size,
         plan.settings.duration.as_secs_f64(),
         plan.repeat

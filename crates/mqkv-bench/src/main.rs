@@ -240,6 +240,7 @@ fn run(args: Args) -> Result<()> {
             mqkv,
             mqkv_args: args.server_args.clone(),
             cluster_args: args.cluster_args.clone(),
+            tls: args.cluster_tls,
             out: args.out.clone(),
             install: !args.no_install,
         });

@@ -43,11 +43,14 @@ pub const WS_PATH: &str = "/mqtt";
 pub struct Certs {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// The CA's certificate.
+    pub ca: PathBuf,
     client: Arc<rustls::ClientConfig>,
 }
 
 impl Certs {
-    /// Makes a CA and a certificate for 127.0.0.1 in `dir`, readable by every user (Mosquitto
+    /// Makes a CA and a certificate for 127.0.0.1 in `dir`, readable by every user; the
+    /// certificate has no extended key usage, so it also serves as a client certificate (Mosquitto
     /// started as root reads them after dropping to its own user).
     pub fn make(dir: &Path) -> Result<Certs> {
         use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
@@ -67,12 +70,14 @@ impl Certs {
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &issuer)?;
         let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+        let ca_path = dir.join("ca.pem");
         std::fs::write(&cert_path, cert.pem())?;
         std::fs::write(&key_path, key.serialize_pem())?;
+        std::fs::write(&ca_path, ca_cert.pem())?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            for p in [dir, &cert_path, &key_path] {
+            for p in [dir, &cert_path, &key_path, &ca_path] {
                 let mode = if p.is_dir() { 0o755 } else { 0o644 };
                 std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
             }
@@ -88,6 +93,7 @@ impl Certs {
         Ok(Certs {
             cert: cert_path,
             key: key_path,
+            ca: ca_path,
             client: Arc::new(client),
         })
     }
