@@ -154,8 +154,9 @@ def test_optional_client_certificates(mqkv, pki):
         Paho(server, "bad-cert", listener="tls", tls=bad, timeout=3)
 
 
-def test_listeners_from_the_configuration_file(mqkv, pki, tmp_path):
-    config = f"""
+def ws_listeners(pki):
+    """A `wss` listener at path /custom and a `ws` listener at the default path."""
+    return f"""
 [[listeners]]
 kind = "wss"
 address = "{HOST}:0"
@@ -167,7 +168,10 @@ path = "/custom"
 kind = "ws"
 address = "{HOST}:0"
 """
-    server = mqkv(config=config, listeners=2)
+
+
+def test_listeners_from_the_configuration_file(mqkv, pki, tmp_path):
+    server = mqkv(config=ws_listeners(pki), listeners=2)
     assert set(server.endpoints) == {"tcp", "wss", "ws"}
     c = Paho(server, "custom-path", listener="wss", tls=trust(pki), ws_path="/custom")
     c.disconnect()
@@ -753,19 +757,7 @@ def test_mqkv_commands_reach_a_tls_listener_with_a_client_certificate(mqkv, pki)
 
 
 def test_mqkv_commands_reach_websocket_listeners(mqkv, pki):
-    config = f"""
-[[listeners]]
-kind = "wss"
-address = "{HOST}:0"
-cert = "{pki.server.cert_path}"
-key = "{pki.server.key_path}"
-path = "/custom"
-
-[[listeners]]
-kind = "ws"
-address = "{HOST}:0"
-"""
-    server = mqkv(config=config, listeners=2)
+    server = mqkv(config=ws_listeners(pki), listeners=2)
 
     def mqkv_cli(kind, *args):
         return run([MQKV_BIN, *args, "--port", str(server.endpoints[kind]), "--timeout", "3000"])

@@ -153,18 +153,19 @@ pub(crate) async fn connect(
 }
 
 async fn client_handshake(
-    mut stream: Stream,
+    stream: Stream,
     secret: &[u8],
     me: NodeId,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
+    let (mut read, mut write) = stream.split();
     let mine = nonce();
     let mut hello = Vec::with_capacity(MAGIC.len() + 8 + NONCE_LEN);
     hello.extend_from_slice(MAGIC);
     hello.extend_from_slice(&me.to_be_bytes());
     hello.extend_from_slice(&mine);
-    stream.write_all(&hello).await?;
+    write.write_all(&hello).await?;
     let mut reply = [0u8; 8 + 8 + NONCE_LEN + 32];
-    stream.read_exact(&mut reply).await?;
+    read.read_exact(&mut reply).await?;
     if &reply[..8] != MAGIC {
         return Err(LinkError::NotANode);
     }
@@ -178,18 +179,24 @@ async fn client_handshake(
     ) {
         return Err(LinkError::BadSecret);
     }
-    stream
+    write
         .write_all(&handshake_tag(secret, b"client", ids, nonces))
         .await?;
     let mut accepted = [0u8; 1];
-    stream.read_exact(&mut accepted).await?;
+    read.read_exact(&mut accepted).await?;
     if accepted[0] != ACCEPTED {
         return Err(LinkError::BadSecret);
     }
     let session = Session {
         key: handshake_tag(secret, b"session", ids, nonces).to_vec(),
     };
-    let (reader, writer) = split(stream, &session, Direction::ToClient, Direction::ToServer);
+    let (reader, writer) = frames(
+        read,
+        write,
+        &session,
+        Direction::ToClient,
+        Direction::ToServer,
+    );
     Ok((reader, writer, server))
 }
 
@@ -213,12 +220,13 @@ pub(crate) async fn accept(
 }
 
 async fn server_handshake(
-    mut stream: Stream,
+    stream: Stream,
     secret: &[u8],
     me: NodeId,
 ) -> Result<(FrameReader, FrameWriter, NodeId), LinkError> {
+    let (mut read, mut write) = stream.split();
     let mut hello = [0u8; 8 + 8 + NONCE_LEN];
-    stream.read_exact(&mut hello).await?;
+    read.read_exact(&mut hello).await?;
     if &hello[..8] != MAGIC {
         return Err(LinkError::NotANode);
     }
@@ -232,27 +240,33 @@ async fn server_handshake(
     reply.extend_from_slice(&me.to_be_bytes());
     reply.extend_from_slice(&mine);
     reply.extend_from_slice(&handshake_tag(secret, b"server", ids, nonces));
-    stream.write_all(&reply).await?;
+    write.write_all(&reply).await?;
     let mut tag = [0u8; 32];
-    stream.read_exact(&mut tag).await?;
+    read.read_exact(&mut tag).await?;
     if !verify(&handshake_tag(secret, b"client", ids, nonces), &tag) {
         return Err(LinkError::BadSecret);
     }
-    stream.write_all(&[ACCEPTED]).await?;
+    write.write_all(&[ACCEPTED]).await?;
     let session = Session {
         key: handshake_tag(secret, b"session", ids, nonces).to_vec(),
     };
-    let (reader, writer) = split(stream, &session, Direction::ToServer, Direction::ToClient);
+    let (reader, writer) = frames(
+        read,
+        write,
+        &session,
+        Direction::ToServer,
+        Direction::ToClient,
+    );
     Ok((reader, writer, client))
 }
 
-fn split(
-    stream: Stream,
+fn frames(
+    read: ReadPart,
+    write: WritePart,
     session: &Session,
     incoming: Direction,
     outgoing: Direction,
 ) -> (FrameReader, FrameWriter) {
-    let (read, write) = stream.split();
     (
         FrameReader {
             inner: BufReader::with_capacity(64 << 10, read),

@@ -542,24 +542,6 @@ mod tests {
         assert!(!options.join);
     }
 
-    fn wide_again() -> ClusterConfig {
-        ClusterConfig {
-            node_id: 1,
-            listen: "0.0.0.0:7001".parse().expect("addr"),
-            peers: Vec::new(),
-            advertise: None,
-            join: false,
-            secret: None,
-            secret_file: None,
-            tls_cert: None,
-            tls_key: None,
-            tls_ca: None,
-            quorum_wait_ms: 3000,
-            pipeline_depth: 1,
-            fault_injection: false,
-        }
-    }
-
     /// A CA and a node certificate for 127.0.0.1 it issued, as files: (cert, key, CA).
     fn node_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
@@ -615,7 +597,7 @@ mod tests {
         assert!(err.contains("secret"), "{err}");
         let secret = ClusterConfig {
             secret: Some("x".into()),
-            ..wide
+            ..wide.clone()
         };
         assert!(secret.options(None).is_ok());
         let missing_self = ClusterConfig {
@@ -639,7 +621,7 @@ mod tests {
             tls_cert: Some(cert.clone()),
             tls_key: Some(key.clone()),
             tls_ca: Some(ca.clone()),
-            ..wide_again()
+            ..wide
         };
         let loaded = tls.tls().expect("the files load").expect("TLS asked for");
         let options = tls.options(Some(loaded)).expect("TLS without a secret");

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::{bulk, cli, ok, text, TestCluster};
+use common::cluster::{bulk, cli, member, ok, text, TestCluster};
 use common::store::Client;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,13 +325,7 @@ async fn a_node_with_the_wrong_secret_is_kept_out() {
         "+OK\r\n"
     );
     let status = cluster.status(1).expect("status");
-    let three = status["nodes"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|n| n["id"] == 3)
-        .cloned()
-        .expect("node 3 listed");
+    let three = member(&status, 3);
     assert!(
         three["error"]
             .as_str()

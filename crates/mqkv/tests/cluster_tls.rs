@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::cluster::{bulk, cli, ok, text, TestCluster};
+use common::cluster::{bulk, cli, member, ok, text, TestCluster};
 use common::store::Client;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
@@ -116,13 +116,7 @@ async fn nodes_linked_by_mutual_tls_serve_one_store_and_keep_out_another_ca() {
     let start = Instant::now();
     let why = loop {
         let status = cluster.status(survivor).expect("status");
-        let three = status["nodes"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|n| n["id"] == 3)
-            .cloned()
-            .expect("node 3 listed");
+        let three = member(&status, 3);
         if let Some(e) = three["error"]
             .as_str()
             .filter(|e| e.contains("certificate"))

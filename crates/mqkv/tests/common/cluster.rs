@@ -221,6 +221,17 @@ impl Drop for TestCluster {
     }
 }
 
+/// Node `id`'s entry in a `mqkv cluster status --json` answer.
+pub fn member(status: &Value, id: u64) -> Value {
+    status["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("node {id} is not listed: {status}"))
+}
+
 /// Runs the `mqkv` command line.
 pub fn cli(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_mqkv"))
