@@ -60,7 +60,13 @@ impl Stream {
         let stream = tokio_rustls::TlsConnector::from(tls.client())
             .connect(name, tcp)
             .await
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::UnexpectedEof => "TLS: the other node closed the connection in \
+                     the handshake (it has no TLS settings for the links between the nodes, \
+                     or refused this node's certificate)"
+                    .to_owned(),
+                _ => format!("TLS: {e}"),
+            })?;
         Ok(Stream::Tls(Box::new(Tls::Client(stream))))
     }
 
@@ -69,7 +75,25 @@ impl Stream {
         let stream = tokio_rustls::TlsAcceptor::from(tls.server())
             .accept(tcp)
             .await
-            .map_err(|e| format!("TLS: {e}"))?;
+            .map_err(|e| {
+                let plain = e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+                    .is_some_and(|r| {
+                        matches!(
+                            r,
+                            rustls::Error::InvalidMessage(
+                                rustls::InvalidMessage::InvalidContentType
+                            )
+                        )
+                    });
+                match plain {
+                    true => "TLS: the other node has no TLS settings for the links between the \
+                             nodes"
+                        .to_owned(),
+                    false => format!("TLS: {e}"),
+                }
+            })?;
         Ok(Stream::Tls(Box::new(Tls::Server(stream))))
     }
 

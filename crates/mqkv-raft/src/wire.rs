@@ -78,6 +78,20 @@ pub(crate) enum LinkError {
     Timeout,
     #[error("{0}")]
     Tls(String),
+    #[error("the other node uses TLS between the nodes and this one has no TLS settings for them")]
+    PeerUsesTls,
+}
+
+/// The first byte of a TLS record: a handshake (0x16) or an alert (0x15). A node without TLS
+/// settings sees one where the other's hello or reply should start.
+fn is_tls_record(first: u8) -> bool {
+    first == 0x15 || first == 0x16
+}
+
+/// Writes `bytes` and sends them at once (through TLS, too).
+async fn send(write: &mut WritePart, bytes: &[u8]) -> io::Result<()> {
+    write.write_all(bytes).await?;
+    write.flush().await
 }
 
 /// What a node proves itself with on its links: the cluster secret, and the TLS settings
@@ -163,9 +177,13 @@ async fn client_handshake(
     hello.extend_from_slice(MAGIC);
     hello.extend_from_slice(&me.to_be_bytes());
     hello.extend_from_slice(&mine);
-    write.write_all(&hello).await?;
+    send(&mut write, &hello).await?;
     let mut reply = [0u8; 8 + 8 + NONCE_LEN + 32];
-    read.read_exact(&mut reply).await?;
+    read.read_exact(&mut reply[..1]).await?;
+    if is_tls_record(reply[0]) {
+        return Err(LinkError::PeerUsesTls);
+    }
+    read.read_exact(&mut reply[1..]).await?;
     if &reply[..8] != MAGIC {
         return Err(LinkError::NotANode);
     }
@@ -179,9 +197,7 @@ async fn client_handshake(
     ) {
         return Err(LinkError::BadSecret);
     }
-    write
-        .write_all(&handshake_tag(secret, b"client", ids, nonces))
-        .await?;
+    send(&mut write, &handshake_tag(secret, b"client", ids, nonces)).await?;
     let mut accepted = [0u8; 1];
     read.read_exact(&mut accepted).await?;
     if accepted[0] != ACCEPTED {
@@ -227,6 +243,9 @@ async fn server_handshake(
     let (mut read, mut write) = stream.split();
     let mut hello = [0u8; 8 + 8 + NONCE_LEN];
     read.read_exact(&mut hello).await?;
+    if is_tls_record(hello[0]) {
+        return Err(LinkError::PeerUsesTls);
+    }
     if &hello[..8] != MAGIC {
         return Err(LinkError::NotANode);
     }
@@ -240,13 +259,13 @@ async fn server_handshake(
     reply.extend_from_slice(&me.to_be_bytes());
     reply.extend_from_slice(&mine);
     reply.extend_from_slice(&handshake_tag(secret, b"server", ids, nonces));
-    write.write_all(&reply).await?;
+    send(&mut write, &reply).await?;
     let mut tag = [0u8; 32];
     read.read_exact(&mut tag).await?;
     if !verify(&handshake_tag(secret, b"client", ids, nonces), &tag) {
         return Err(LinkError::BadSecret);
     }
-    write.write_all(&[ACCEPTED]).await?;
+    send(&mut write, &[ACCEPTED]).await?;
     let session = Session {
         key: handshake_tag(secret, b"session", ids, nonces).to_vec(),
     };

@@ -108,3 +108,126 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     }
     Ok(certs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mqkv_raft::LinkTls;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::ServerName;
+
+    /// A CA's issuer, with its certificate written to `dir/<name>.pem`.
+    fn ca(dir: &Path, name: &str) -> (Issuer<'static, KeyPair>, PathBuf) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("CA");
+        let path = dir.join(format!("{name}.pem"));
+        std::fs::write(&path, cert.pem()).expect("write");
+        (Issuer::new(params, key), path)
+    }
+
+    /// A node certificate for 127.0.0.1 from `issuer`, as `dir/<name>.pem` and `.key`.
+    fn node(dir: &Path, issuer: &Issuer<'static, KeyPair>, name: &str) -> (PathBuf, PathBuf) {
+        let key = KeyPair::generate().expect("key");
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("params")
+            .signed_by(&key, issuer)
+            .expect("certificate");
+        let paths = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}.key")),
+        );
+        std::fs::write(&paths.0, cert.pem()).expect("write");
+        std::fs::write(&paths.1, key.serialize_pem()).expect("write");
+        paths
+    }
+
+    /// Runs a TLS handshake in memory; the first error either side raises.
+    fn handshake(
+        client: Arc<ClientConfig>,
+        server: Arc<rustls::ServerConfig>,
+    ) -> Result<(), rustls::Error> {
+        let name = ServerName::try_from("127.0.0.1").expect("a name");
+        let mut c = rustls::ClientConnection::new(client, name)?;
+        let mut s = rustls::ServerConnection::new(server)?;
+        for _ in 0..10 {
+            let mut bytes = Vec::new();
+            c.write_tls(&mut bytes).expect("to memory");
+            s.read_tls(&mut &bytes[..]).expect("from memory");
+            s.process_new_packets()?;
+            let mut bytes = Vec::new();
+            s.write_tls(&mut bytes).expect("to memory");
+            c.read_tls(&mut &bytes[..]).expect("from memory");
+            c.process_new_packets()?;
+            if !c.is_handshaking() && !s.is_handshaking() {
+                return Ok(());
+            }
+        }
+        Err(rustls::Error::General(
+            "the handshake did not finish".into(),
+        ))
+    }
+
+    #[test]
+    fn nodes_of_the_cluster_ca_link_and_others_are_refused() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let (cluster, cluster_ca) = ca(dir.path(), "cluster-ca");
+        let (other, _) = ca(dir.path(), "other-ca");
+        let load = |(cert, key): (PathBuf, PathBuf)| {
+            ClusterTls::load(&cert, &key, &cluster_ca).expect("loads")
+        };
+        let a = load(node(dir.path(), &cluster, "a"));
+        let b = load(node(dir.path(), &cluster, "b"));
+        handshake(a.client(), b.server()).expect("two nodes of the cluster's CA");
+        // A certificate of another CA, from a node that trusts the cluster's CA: its links are
+        // refused by the accepting node.
+        let stranger = load(node(dir.path(), &other, "stranger"));
+        let refused = handshake(stranger.client(), b.server()).expect_err("refused");
+        assert!(
+            matches!(refused, rustls::Error::InvalidCertificate(_)),
+            "{refused:?}"
+        );
+        // No certificate at all: refused too.
+        let mut roots = RootCertStore::empty();
+        for cert in read_certs(&cluster_ca).expect("CA") {
+            roots.add(cert).expect("CA");
+        }
+        let anonymous =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[&rustls::version::TLS13])
+                .expect("versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        assert!(handshake(Arc::new(anonymous), b.server()).is_err());
+    }
+
+    #[test]
+    fn a_reload_takes_new_files_and_a_failed_one_keeps_both_old_settings() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let (cluster, cluster_ca) = ca(dir.path(), "cluster-ca");
+        let (other, _) = ca(dir.path(), "other-ca");
+        let (cert, key) = node(dir.path(), &cluster, "a");
+        let a = ClusterTls::load(&cert, &key, &cluster_ca).expect("loads");
+        let b = ClusterTls::load(&cert, &key, &cluster_ca).expect("loads");
+        // A certificate and key that do not fit: refused, and both sides stay as they were.
+        let (_, other_key) = node(dir.path(), &cluster, "unrelated");
+        std::fs::copy(&other_key, &key).expect("copy");
+        assert!(a.reload().expect_err("no fit").contains("do not fit"));
+        handshake(a.client(), b.server()).expect("the old settings, both ways");
+        handshake(b.client(), a.server()).expect("the old settings, both ways");
+        // Files of another CA's certificate, consistent: taken, for new links both ways.
+        let (stranger_cert, stranger_key) = node(dir.path(), &other, "renewed");
+        std::fs::copy(&stranger_cert, &cert).expect("copy");
+        std::fs::copy(&stranger_key, &key).expect("copy");
+        a.reload().expect("reloads");
+        assert!(
+            handshake(a.client(), b.server()).is_err(),
+            "a's new client certificate"
+        );
+        assert!(
+            handshake(b.client(), a.server()).is_err(),
+            "a's new server certificate"
+        );
+    }
+}

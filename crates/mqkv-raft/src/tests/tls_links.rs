@@ -213,16 +213,23 @@ async fn a_certificate_that_does_not_name_the_address_dialled_is_refused() {
 #[tokio::test]
 async fn a_node_without_tls_and_a_node_with_it_do_not_link() {
     let cluster = ca("cluster CA");
+    // Each side says which of the two lacks the settings.
     let (client, server, _) = link(plain(), node(&cluster, &cluster, &["127.0.0.1"])).await;
+    let why = server.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(why.contains("other node has no TLS settings"), "{why}");
     assert!(
-        matches!(server, Err(LinkError::Tls(_))),
+        matches!(client, Err(LinkError::PeerUsesTls | LinkError::Io(_))),
+        "{:?}",
+        client.err()
+    );
+    let (client, server, _) = link(node(&cluster, &cluster, &["127.0.0.1"]), plain()).await;
+    assert!(
+        matches!(server, Err(LinkError::PeerUsesTls)),
         "{:?}",
         server.err()
     );
-    assert!(client.is_err());
-    let (client, server, _) = link(node(&cluster, &cluster, &["127.0.0.1"]), plain()).await;
-    assert!(client.is_err());
-    assert!(server.is_err());
+    let why = client.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(why.contains("TLS"), "{why}");
 }
 
 #[tokio::test]
