@@ -113,35 +113,8 @@ fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 mod tests {
     use super::*;
     use mqkv_raft::LinkTls;
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use mqkv_testkit::pki::TestCa;
     use rustls::pki_types::ServerName;
-
-    /// A CA's issuer, with its certificate written to `dir/<name>.pem`.
-    fn ca(dir: &Path, name: &str) -> (Issuer<'static, KeyPair>, PathBuf) {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let key = KeyPair::generate().expect("key");
-        let cert = params.self_signed(&key).expect("CA");
-        let path = dir.join(format!("{name}.pem"));
-        std::fs::write(&path, cert.pem()).expect("write");
-        (Issuer::new(params, key), path)
-    }
-
-    /// A node certificate for 127.0.0.1 from `issuer`, as `dir/<name>.pem` and `.key`.
-    fn node(dir: &Path, issuer: &Issuer<'static, KeyPair>, name: &str) -> (PathBuf, PathBuf) {
-        let key = KeyPair::generate().expect("key");
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .expect("params")
-            .signed_by(&key, issuer)
-            .expect("certificate");
-        let paths = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}.key")),
-        );
-        std::fs::write(&paths.0, cert.pem()).expect("write");
-        std::fs::write(&paths.1, key.serialize_pem()).expect("write");
-        paths
-    }
 
     /// Runs a TLS handshake in memory; the first error either side raises.
     fn handshake(
@@ -172,17 +145,17 @@ mod tests {
     #[test]
     fn nodes_of_the_cluster_ca_link_and_others_are_refused() {
         let dir = tempfile::tempdir().expect("a directory");
-        let (cluster, cluster_ca) = ca(dir.path(), "cluster-ca");
-        let (other, _) = ca(dir.path(), "other-ca");
+        let cluster = TestCa::new(dir.path(), "cluster-ca");
+        let other = TestCa::new(dir.path(), "other-ca");
         let load = |(cert, key): (PathBuf, PathBuf)| {
-            ClusterTls::load(&cert, &key, &cluster_ca).expect("loads")
+            ClusterTls::load(&cert, &key, &cluster.cert).expect("loads")
         };
-        let a = load(node(dir.path(), &cluster, "a"));
-        let b = load(node(dir.path(), &cluster, "b"));
+        let a = load(cluster.issue(dir.path(), "a"));
+        let b = load(cluster.issue(dir.path(), "b"));
         handshake(a.client(), b.server()).expect("two nodes of the cluster's CA");
         // A certificate of another CA, from a node that trusts the cluster's CA: its links are
         // refused by the accepting node.
-        let stranger = load(node(dir.path(), &other, "stranger"));
+        let stranger = load(other.issue(dir.path(), "stranger"));
         let refused = handshake(stranger.client(), b.server()).expect_err("refused");
         assert!(
             matches!(refused, rustls::Error::InvalidCertificate(_)),
@@ -190,7 +163,7 @@ mod tests {
         );
         // No certificate at all: refused too.
         let mut roots = RootCertStore::empty();
-        for cert in read_certs(&cluster_ca).expect("CA") {
+        for cert in read_certs(&cluster.cert).expect("CA") {
             roots.add(cert).expect("CA");
         }
         let anonymous =
@@ -205,19 +178,19 @@ mod tests {
     #[test]
     fn a_reload_takes_new_files_and_a_failed_one_keeps_both_old_settings() {
         let dir = tempfile::tempdir().expect("a directory");
-        let (cluster, cluster_ca) = ca(dir.path(), "cluster-ca");
-        let (other, _) = ca(dir.path(), "other-ca");
-        let (cert, key) = node(dir.path(), &cluster, "a");
-        let a = ClusterTls::load(&cert, &key, &cluster_ca).expect("loads");
-        let b = ClusterTls::load(&cert, &key, &cluster_ca).expect("loads");
+        let cluster = TestCa::new(dir.path(), "cluster-ca");
+        let other = TestCa::new(dir.path(), "other-ca");
+        let (cert, key) = cluster.issue(dir.path(), "a");
+        let a = ClusterTls::load(&cert, &key, &cluster.cert).expect("loads");
+        let b = ClusterTls::load(&cert, &key, &cluster.cert).expect("loads");
         // A certificate and key that do not fit: refused, and both sides stay as they were.
-        let (_, other_key) = node(dir.path(), &cluster, "unrelated");
+        let (_, other_key) = cluster.issue(dir.path(), "unrelated");
         std::fs::copy(&other_key, &key).expect("copy");
         assert!(a.reload().expect_err("no fit").contains("do not fit"));
         handshake(a.client(), b.server()).expect("the old settings, both ways");
         handshake(b.client(), a.server()).expect("the old settings, both ways");
         // Files of another CA's certificate, consistent: taken, for new links both ways.
-        let (stranger_cert, stranger_key) = node(dir.path(), &other, "renewed");
+        let (stranger_cert, stranger_key) = other.issue(dir.path(), "renewed");
         std::fs::copy(&stranger_cert, &cert).expect("copy");
         std::fs::copy(&stranger_key, &key).expect("copy");
         a.reload().expect("reloads");

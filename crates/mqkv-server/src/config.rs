@@ -542,30 +542,6 @@ mod tests {
         assert!(!options.join);
     }
 
-    /// A CA and a node certificate for 127.0.0.1 it issued, as files: (cert, key, CA).
-    fn node_certificate(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
-        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca_key = KeyPair::generate().expect("key");
-        let ca = params.self_signed(&ca_key).expect("CA");
-        let issuer = Issuer::new(params, ca_key);
-        let key = KeyPair::generate().expect("key");
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_owned()])
-            .expect("params")
-            .signed_by(&key, &issuer)
-            .expect("certificate");
-        let paths = (
-            dir.join("node.pem"),
-            dir.join("node.key"),
-            dir.join("ca.pem"),
-        );
-        std::fs::write(&paths.0, cert.pem()).expect("write");
-        std::fs::write(&paths.1, key.serialize_pem()).expect("write");
-        std::fs::write(&paths.2, ca.pem()).expect("write");
-        paths
-    }
-
     #[test]
     fn refuses_bad_cluster_settings() {
         let base = ClusterConfig {
@@ -616,7 +592,9 @@ mod tests {
         // TLS between the nodes stands in for the secret beyond loopback; its settings come
         // whole or not at all.
         let dir = tempfile::tempdir().expect("a directory");
-        let (cert, key, ca) = node_certificate(dir.path());
+        let authority = mqkv_testkit::pki::TestCa::new(dir.path(), "cluster-ca");
+        let (cert, key) = authority.issue(dir.path(), "node");
+        let ca = authority.cert.clone();
         let tls = ClusterConfig {
             tls_cert: Some(cert.clone()),
             tls_key: Some(key.clone()),

@@ -2,6 +2,9 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+#[cfg(feature = "pki")]
+pub mod pki;
+
 /// The lowest port [`free_port`] hands out.
 const LOW: u32 = 10_000;
 /// How many ports [`free_port`] chooses among: up to the kernel's ephemeral range, which starts

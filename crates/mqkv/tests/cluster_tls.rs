@@ -9,34 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{bulk, cli, member, ok, text, TestCluster};
 use common::store::Client;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-
-/// A CA's issuer, and its certificate written to `dir/<name>.pem`.
-fn ca(dir: &Path, name: &str) -> (Issuer<'static, KeyPair>, PathBuf) {
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().expect("key");
-    let cert = params.self_signed(&key).expect("CA certificate");
-    let path = dir.join(format!("{name}.pem"));
-    std::fs::write(&path, cert.pem()).expect("write");
-    (Issuer::new(params, key), path)
-}
-
-/// A node certificate for 127.0.0.1 that `issuer` signed, as `dir/<name>.pem` and `.key`.
-fn node_cert(dir: &Path, issuer: &Issuer<'static, KeyPair>, name: &str) -> (PathBuf, PathBuf) {
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    let key = KeyPair::generate().expect("key");
-    let cert = params.signed_by(&key, issuer).expect("certificate");
-    let paths = (
-        dir.join(format!("{name}.pem")),
-        dir.join(format!("{name}.key")),
-    );
-    std::fs::write(&paths.0, cert.pem()).expect("write");
-    std::fs::write(&paths.1, key.serialize_pem()).expect("write");
-    paths
-}
+use mqkv_testkit::pki::TestCa;
 
 fn tls_flags(cert: &Path, key: &Path, ca: &Path) -> Vec<String> {
     [
@@ -59,14 +32,14 @@ fn path(p: &Path) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_linked_by_mutual_tls_serve_one_store_and_keep_out_another_ca() {
     let files = TestCluster::root("tls-files");
-    let (cluster_ca, ca_path) = ca(&files, "cluster-ca");
-    let (stranger_ca, stranger_ca_path) = ca(&files, "stranger-ca");
+    let cluster_ca = TestCa::new(&files, "cluster-ca");
+    let stranger_ca = TestCa::new(&files, "stranger-ca");
     let certs: Vec<(PathBuf, PathBuf)> = (1..=3)
-        .map(|id| node_cert(&files, &cluster_ca, &format!("node-{id}")))
+        .map(|id| cluster_ca.issue(&files, &format!("node-{id}")))
         .collect();
     let mut cluster = TestCluster::start_each("tls", 3, |id| {
         let (cert, key) = &certs[id as usize - 1];
-        tls_flags(cert, key, &ca_path)
+        tls_flags(cert, key, &cluster_ca.cert)
     });
     let leader = cluster.wait_for_leader(1, Duration::from_secs(15));
 
@@ -95,7 +68,7 @@ async fn nodes_linked_by_mutual_tls_serve_one_store_and_keep_out_another_ca() {
         "{said}"
     );
     std::fs::write(cert1, &good).expect("write");
-    let (fresh_cert, fresh_key) = node_cert(&files, &cluster_ca, "node-1-renewed");
+    let (fresh_cert, fresh_key) = cluster_ca.issue(&files, "node-1-renewed");
     std::fs::copy(&fresh_cert, cert1).expect("copy");
     std::fs::copy(&fresh_key, key1).expect("copy");
     assert_eq!(ok(cli(&["reload", "--port", &port])).trim(), "reloaded");
@@ -105,8 +78,8 @@ async fn nodes_linked_by_mutual_tls_serve_one_store_and_keep_out_another_ca() {
     // Node 3 comes back with a certificate of another CA, and a fresh data directory: the
     // other two keep their quorum without it, and say why it is not with them.
     cluster.kill9(3);
-    let (cert, key) = node_cert(&files, &stranger_ca, "node-3-stranger");
-    cluster.nodes[2].extra = tls_flags(&cert, &key, &stranger_ca_path);
+    let (cert, key) = stranger_ca.issue(&files, "node-3-stranger");
+    cluster.nodes[2].extra = tls_flags(&cert, &key, &stranger_ca.cert);
     let _ = std::fs::remove_dir_all(&cluster.nodes[2].dir);
     cluster.restart(3);
     let survivor = cluster.wait_for_leader(1, Duration::from_secs(15));
